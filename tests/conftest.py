@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny WeDLM checkpoints of both published variants, made once per session.
+
+Every checkpoint carries ``auto_map`` remote-code files that raise when imported, as the real
+checkpoints carry remote code: anything that loads them without trust_remote_code proves that
+the plugin's local classes were used and the remote code never ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
+
+VARIANTS = ("qwen2", "qwen3")
+
+REMOTE_CODE_SENTINEL = 'raise RuntimeError("remote code of the checkpoint was executed")\n'
+
+
+def add_remote_code_sentinels(path: Path) -> None:
+    for name in ("configuration_wedlm.py", "modeling_wedlm.py"):
+        (path / name).write_text(REMOTE_CODE_SENTINEL)
+
+
+def build_checkpoint(root: Path, spec: TinySpec) -> Path:
+    path = make_tiny_checkpoint(root / f"{spec.variant}-seed{spec.seed}-scale{spec.logit_scale}", spec)
+    add_remote_code_sentinels(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """One checkpoint per variant. logit_scale 8 gives peaked, non-uniform predictions, so
+    greedy choices are decided by real margins rather than rounding noise."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {v: build_checkpoint(root, TinySpec(variant=v, logit_scale=8.0)) for v in VARIANTS}
+
+
+@pytest.fixture(scope="session", params=VARIANTS)
+def variant(request) -> str:
+    return request.param

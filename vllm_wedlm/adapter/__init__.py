@@ -1,0 +1,1 @@
+"""The only package that touches vLLM internals beyond the model class."""

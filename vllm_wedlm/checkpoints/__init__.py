@@ -1,0 +1,1 @@
+"""Making WeDLM checkpoints locally (real ones cannot be downloaded here)."""

@@ -1,0 +1,178 @@
+"""Tiny WeDLM checkpoints: random weights, a locally trained tokenizer, the published config format.
+
+Both published bodies are available: ``qwen2`` (WeDLM-7B style: q/k/v biases, no q/k norm) and
+``qwen3`` (WeDLM-8B style: q/k norm, no biases). The output is a pure function of the arguments:
+the same seed gives byte-identical files. Random weights prove correctness, not speed; set
+``logit_scale`` above 1 to sharpen the output distribution (a scaled ``lm_head``) so that a model
+is confident about some positions, as WeDLM's parallel decoding needs to be exercised.
+
+    python -m vllm_wedlm.checkpoints.tiny OUT_DIR --variant qwen3 --seed 0
+    vllm-wedlm-make-tiny OUT_DIR --variant qwen2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from vllm_wedlm.checkpoints.corpus import corpus
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.transformers_body import model_for
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
+VARIANTS = {"qwen2": {"attention_bias": True, "qk_norm": False}, "qwen3": {"attention_bias": False, "qk_norm": True}}
+# ChatML, as the Qwen and WeDLM instruct models use.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shapes and seed of a tiny checkpoint. head_dim 32 is the smallest vLLM's CPU attention takes."""
+
+    variant: str = "qwen3"
+    seed: int = 0
+    vocab_target: int = 1000  # BPE vocabulary before special tokens; the model pads to a multiple of 64
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+    logit_scale: float = 1.0
+    dtype: str = "bfloat16"
+
+
+def train_tokenizer(seed: int, vocab_target: int) -> Tokenizer:
+    """A byte-level BPE tokenizer (as Qwen's) trained on the deterministic corpus."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_target,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    return tokenizer
+
+
+def published_config(spec: TinySpec, vocab_size: int, ids: dict[str, int]) -> dict:
+    """config.json in the layout of the published WeDLM checkpoints (research/wedlm.md 1.1)."""
+    flags = VARIANTS[spec.variant]
+    config = {
+        "architectures": ["WeDLMForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_wedlm.WeDLMConfig",
+            "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
+        },
+        "attention_bias": flags["attention_bias"],
+        "attention_dropout": 0.0,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|endoftext|>"],
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": spec.intermediate_size,
+        "layer_types": ["full_attention"] * spec.num_hidden_layers,
+        "mask_token_id": ids["<|mask|>"],
+        "max_position_embeddings": spec.max_position_embeddings,
+        "max_window_layers": spec.num_hidden_layers,
+        "model_type": "wedlm",
+        "num_attention_heads": spec.num_attention_heads,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "pad_token_id": ids["<|endoftext|>"],
+        "qk_norm": flags["qk_norm"],
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": spec.dtype,
+        "transformers_version": "4.56.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
+    }
+    if spec.variant == "qwen3":  # Qwen3 configs name head_dim; Qwen2.5 configs derive it
+        config["head_dim"] = spec.hidden_size // spec.num_attention_heads
+    return dict(sorted(config.items()))
+
+
+def make_tiny_checkpoint(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
+    """Write a complete tiny WeDLM checkpoint into ``out_dir`` and return its path."""
+    if spec.variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {spec.variant!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = train_tokenizer(spec.seed, spec.vocab_target)
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # padded rows, like Qwen's 151936
+    config = published_config(spec, vocab_size, ids)
+
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "mask_token": "<|mask|>",
+        "model_max_length": spec.max_position_embeddings,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+    })
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", {
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+    })
+
+    torch.manual_seed(spec.seed)
+    model = model_for(WeDLMConfig(**{k: v for k, v in config.items() if k != "auto_map"}))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(spec.logit_scale)
+    dtype = getattr(torch, spec.dtype)
+    state = {name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "tiny_spec.json", asdict(spec))
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write a tiny random WeDLM checkpoint.")
+    parser.add_argument("out_dir")
+    defaults = TinySpec()
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default=defaults.variant)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--num-hidden-layers", type=int, default=defaults.num_hidden_layers)
+    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--logit-scale", type=float, default=defaults.logit_scale)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=defaults.dtype)
+    args = parser.parse_args(argv)
+    spec = TinySpec(
+        variant=args.variant, seed=args.seed, num_hidden_layers=args.num_hidden_layers,
+        hidden_size=args.hidden_size, logit_scale=args.logit_scale, dtype=args.dtype,
+    )
+    path = make_tiny_checkpoint(args.out_dir, spec)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    print(f"wrote {spec.variant} WeDLM checkpoint to {path} ({size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""A WeDLM checkpoint as a plain transformers Qwen2/Qwen3 causal LM.
+
+The weights of a WeDLM model are those of its base Qwen model (research/wedlm.md 1.2), so
+transformers' own ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` run it exactly. The reference
+decoder, the tests and the checkpoint factory use this; vLLM does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+
+_CLASSES = {"Qwen2": (Qwen2Config, Qwen2ForCausalLM), "Qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+# Fields of WeDLMConfig that the Qwen config classes do not have.
+_WEDLM_ONLY = ("qk_norm", "mask_token_id", "auto_map", "model_type", "architectures", "transformers_version")
+
+
+def qwen_config_for(config: WeDLMConfig):
+    """The Qwen2Config / Qwen3Config with the same hyper-parameters as a WeDLM config."""
+    config_cls, _ = _CLASSES[config.body]
+    fields = {k: v for k, v in config.to_dict().items() if k not in _WEDLM_ONLY}
+    if config.body == "Qwen2":
+        fields.pop("head_dim", None)  # Qwen2 derives it from hidden_size / num_attention_heads
+        fields.pop("attention_bias", None)  # Qwen2 always has q/k/v biases
+    return config_cls(**fields)
+
+
+def model_for(config: WeDLMConfig) -> PreTrainedModel:
+    """A randomly initialised transformers model with this WeDLM config's shapes."""
+    _, model_cls = _CLASSES[config.body]
+    return model_cls(qwen_config_for(config))
+
+
+def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load a WeDLM checkpoint directory into transformers' Qwen2/Qwen3 causal LM, in eval mode."""
+    config = WeDLMConfig.from_pretrained(path)
+    _, model_cls = _CLASSES[config.body]
+    model = model_cls.from_pretrained(path, config=qwen_config_for(config), dtype=dtype)
+    return model.eval()

@@ -1,0 +1,58 @@
+"""What the ``vllm.general_plugins`` entry point does, in every vLLM process.
+
+vLLM starts its engine core and workers with ``spawn``, so nothing done in the user's process
+reaches them: each registration here runs again in each process, and must be cheap, idempotent
+and free of CUDA initialisation. The model class is registered by its qualified name, so the
+module that imports vLLM's model code is loaded only where the model is built.
+"""
+
+from __future__ import annotations
+
+ARCHITECTURE = "WeDLMForCausalLM"
+MODEL_CLASS = "vllm_wedlm.models.wedlm:WeDLMForCausalLM"
+MODEL_TYPE = "wedlm"
+
+_done = False
+
+
+def register_all() -> None:
+    global _done
+    if _done:
+        return
+    register_config_class()
+    register_model()
+    register_config_hook()
+
+    from vllm_wedlm.cli import install_cli_flags
+
+    install_cli_flags()
+    _done = True
+
+
+def register_config_class() -> None:
+    """Make ``model_type: "wedlm"`` a local config type for transformers and vLLM."""
+    from transformers import AutoConfig
+    from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+    from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+
+    AutoConfig.register(MODEL_TYPE, WeDLMConfig, exist_ok=True)
+    # vLLM's own table: a type found here is parsed with trust_remote_code off, whatever
+    # `auto_map` the checkpoint carries.
+    _CONFIG_REGISTRY[MODEL_TYPE] = WeDLMConfig
+
+
+def register_model() -> None:
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+
+
+def register_config_hook() -> None:
+    """vLLM's per-architecture config hook: validates the decoding settings at start-up."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from vllm_wedlm.adapter.config_hook import WeDLMConfigHook
+
+    MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, WeDLMConfigHook)

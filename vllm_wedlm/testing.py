@@ -1,0 +1,38 @@
+"""Helpers shared by the tests, examples and benchmarks: engine settings that fit the machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: KV cache size on the CPU. vLLM's CPU default reserves 92% of the NUMA node's memory, which
+#: fails on a small shared machine; tiny models need a few MiB.
+CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_kwargs(**overrides: Any) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments for a small model on this machine.
+
+    On the CPU: eager mode (vLLM's CPU torch.compile spends minutes in the C++ compiler on two
+    cores) and a fixed KV budget. On a GPU: vLLM's defaults, CUDA graphs included, with a
+    modest memory share so that a reference model can sit beside the engine.
+    """
+    kwargs: dict[str, Any] = {"max_model_len": 512, "seed": 0}
+    if on_gpu():
+        kwargs.update(gpu_memory_utilization=0.3)
+    else:
+        kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
+    kwargs.update(overrides)
+    return kwargs
+
+
+def serve_args() -> list[str]:
+    """The same settings as ``vllm serve`` flags."""
+    if on_gpu():
+        return ["--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
+    return ["--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
