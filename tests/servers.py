@@ -1,0 +1,64 @@
+"""A real ``vllm serve`` process on loopback for the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+from vllm_wedlm.testing import serve_args
+
+STARTUP_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(model: Path, *args: str, log_path: Path) -> Iterator[str]:
+    """``vllm serve model *args`` until the block ends; yields the base URL (``http://host:port``)."""
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
+               "--host", "127.0.0.1", "--port", str(port), "--seed", "0", *serve_args(), *args]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(process, base, log_path)
+        yield base
+    finally:
+        stop(process)
+
+
+def wait_until_healthy(process: subprocess.Popen, base: str, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    raise TimeoutError(f"vllm serve not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

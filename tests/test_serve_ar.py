@@ -1,0 +1,103 @@
+"""A real ``vllm serve <tiny WeDLM> --decoding ar`` answers the OpenAI API, streaming included.
+
+The served tokens are checked against transformers' greedy decoding of the same weights, so the
+server is known to run the right model the right way, not merely to answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import torch
+
+from servers import running_server
+from vllm_wedlm.models.transformers_body import load_transformers_model
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoints, tmp_path_factory):
+    path = tiny_checkpoints["qwen3"]
+    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
+    with running_server(path, "--decoding", "ar", "--dtype", "float32", log_path=log) as base:
+        yield base, path
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    return load_transformers_model(server[1], dtype=torch.float32)
+
+
+def greedy(reference, prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = reference.generate(ids, max_new_tokens=max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt_ids):].tolist()
+
+
+def model_name(base: str) -> str:
+    (model,) = requests.get(f"{base}/v1/models", timeout=30).json()["data"]
+    return model["id"]
+
+
+def post(base: str, route: str, body: dict, stream: bool = False) -> requests.Response:
+    response = requests.post(f"{base}{route}", json={"model": model_name(base), **body}, stream=stream, timeout=300)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def sse_events(response: requests.Response) -> list[dict]:
+    import json
+
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line and line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+def test_models_route_lists_the_checkpoint(server):
+    base, path = server
+    assert model_name(base) == str(path)
+
+
+def test_completion_matches_transformers_greedy(server, reference):
+    base, _ = server
+    body = {"prompt": "1, 2, 3, 4", "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True}
+    choice = post(base, "/v1/completions", body).json()["choices"][0]
+    assert choice["token_ids"] == greedy(reference, choice["prompt_token_ids"])
+    assert choice["finish_reason"] in ("length", "stop")
+
+
+def test_streamed_completion_equals_the_whole_one(server):
+    base, _ = server
+    body = {"prompt": "The quiet river", "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True}
+    whole = post(base, "/v1/completions", body).json()["choices"][0]
+    events = sse_events(post(base, "/v1/completions", {**body, "stream": True}, stream=True))
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    assert len(choices) > 1  # really streamed, not one final blob
+    assert "".join(c["text"] for c in choices) == whole["text"]
+    assert [t for c in choices for t in (c.get("token_ids") or [])] == whole["token_ids"]
+    assert choices[-1]["finish_reason"] == whole["finish_reason"]
+
+
+def test_chat_completion_and_its_stream(server, reference):
+    base, _ = server
+    messages = [{"role": "user", "content": "Ada has 12 apples and buys 30 more."}]
+    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True}
+    whole = post(base, "/v1/chat/completions", body).json()
+    choice = whole["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    # The checkpoint's chat template was applied: the prompt is ChatML with the assistant header.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(server[1])
+    assert tokenizer.decode(whole["prompt_token_ids"]) == (
+        "<|im_start|>user\nAda has 12 apples and buys 30 more.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert choice["token_ids"] == greedy(reference, whole["prompt_token_ids"])
+    events = sse_events(post(base, "/v1/chat/completions", {**body, "stream": True}, stream=True))
+    deltas = [e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]]
+    assert len(deltas) > 1
+    assert "".join(deltas) == choice["message"]["content"]
