@@ -1,0 +1,1 @@
+"""WeDLM model classes: the transformers config, the vLLM model, the transformers reference body."""
