@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 #: KV cache size on the CPU. vLLM's CPU default reserves 92% of the NUMA node's memory, which
@@ -10,9 +11,14 @@ CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 
 def on_gpu() -> bool:
-    import torch
+    """Whether vLLM will run on a CUDA GPU, asked without initialising CUDA.
 
-    return torch.cuda.is_available()
+    ``torch.cuda.is_available()`` initialises the CUDA driver in this process, and CUDA does not
+    survive a fork; vLLM's own platform detection asks NVML instead.
+    """
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
 
 
 def engine_kwargs(**overrides: Any) -> dict[str, Any]:
@@ -22,6 +28,9 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     cores) and a fixed KV budget. On a GPU: vLLM's defaults, CUDA graphs included, with a
     modest memory share so that a reference model can sit beside the engine.
     """
+    # The caller has usually done torch work already (made a checkpoint, ran a reference model),
+    # which starts torch's CPU thread pools; a forked engine process can deadlock in them.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     kwargs: dict[str, Any] = {"max_model_len": 512, "seed": 0}
     if on_gpu():
         kwargs.update(gpu_memory_utilization=0.3)
