@@ -1,0 +1,43 @@
+"""WeDLM's per-request decoding knobs, validated once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WeDLMParams:
+    """How one request chooses which masks to fill each step.
+
+    Defaults are WeDLM's own (wedlm_entropy_threshold 0.4, wedlm_pos_penalty_factor 0.02).
+    """
+
+    entropy_threshold: float | None = 0.4
+    """tau: fill every mask whose adjusted entropy (nats) is strictly below it; at least one mask
+    (the lowest) is filled each step. None fills exactly one mask per step."""
+
+    pos_penalty: float = 0.02
+    """lambda: adjusted entropy = entropy + lambda * (slot index - index of the first mask).
+    Larger values decode more left to right."""
+
+    def __post_init__(self):
+        tau = self.entropy_threshold
+        if tau is not None and (not isinstance(tau, (int, float)) or isinstance(tau, bool) or not tau > 0
+                                or not math.isfinite(tau)):
+            raise ValueError(f"entropy_threshold must be a positive finite number or None, got {tau!r}")
+        lam = self.pos_penalty
+        if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not (lam >= 0 and math.isfinite(lam)):
+            raise ValueError(f"pos_penalty must be a finite number >= 0, got {lam!r}")
+
+
+DEFAULT_PARAMS = WeDLMParams()
+
+#: WeDLM's default window: the number of undecided slots kept per request.
+DEFAULT_WINDOW_SIZE = 16
+
+
+def validate_window_size(window_size: object) -> int:
+    if not isinstance(window_size, int) or isinstance(window_size, bool) or not 1 <= window_size <= 256:
+        raise ValueError(f"window_size must be an integer in [1, 256], got {window_size!r}")
+    return window_size

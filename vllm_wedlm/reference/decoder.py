@@ -1,0 +1,86 @@
+"""WeDLM decoding without a KV cache: every step recomputes the whole sequence.
+
+Slow and simple on purpose. Each step feeds ``prompt + committed + window`` (window in physical
+order) with logical RoPE positions and plain causal attention, which is exactly what the paged-KV
+engine computes, and runs the same ``core`` functions as the engine. Users can run it on any WeDLM
+checkpoint to check what the engine produces:
+
+    from vllm_wedlm.models.transformers_body import load_transformers_model
+    decoder = ReferenceDecoder(load_transformers_model(path), mask_token_id=config.mask_token_id)
+    out = decoder.generate(prompt_ids, StopRule(max_tokens=64, stop_token_ids={eos}))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_wedlm.core import DEFAULT_PARAMS, WeDLMParams, finish_step, plan_step
+from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE, validate_window_size
+from vllm_wedlm.core.sampling import SamplingSpec, sample_rows
+from vllm_wedlm.core.selection import row_entropy
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a request ends, as vLLM decides it: after a stop token (which is kept) or max_tokens,
+    and never at or past max_model_len."""
+
+    max_tokens: int
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    max_model_len: int | None = None
+
+
+@dataclass
+class ReferenceOutput:
+    token_ids: list[int]
+    num_forwards: int  # decode forwards (the prompt is not prefilled separately)
+    finish_reason: str  # "stop" or "length"
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return len(self.token_ids) / max(self.num_forwards, 1)
+
+
+class ReferenceDecoder:
+    def __init__(self, model, mask_token_id: int, window_size: int = DEFAULT_WINDOW_SIZE):
+        self.model = model
+        self.mask_token_id = mask_token_id
+        self.window_size = validate_window_size(window_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], stop: StopRule, params: WeDLMParams = DEFAULT_PARAMS,
+                 sampling: SamplingSpec = SamplingSpec()) -> ReferenceOutput:
+        prompt_len = len(prompt_ids)
+        limit = prompt_len + stop.max_tokens
+        if stop.max_model_len is not None:
+            limit = min(limit, stop.max_model_len)
+        sequence = list(prompt_ids)  # prompt + committed
+        window, num_forwards = None, 0
+        while True:
+            plan = plan_step(window, self.window_size, len(sequence), limit, self.mask_token_id)
+            logits = self._forward(sequence, plan.input_ids, len(sequence) + plan.order)
+            num_forwards += 1
+            for token in plan.committed.tolist():
+                sequence.append(token)
+                generated = len(sequence) - prompt_len
+                if token in stop.stop_token_ids:
+                    return ReferenceOutput(sequence[prompt_len:], num_forwards, "stop")
+                if len(sequence) >= limit:
+                    return ReferenceOutput(sequence[prompt_len:], num_forwards, "length")
+                assert generated < stop.max_tokens
+            mask_logits = logits[len(logits) - plan.num_masks:]  # [num_masks, V], own rows, no shift
+            tokens = sample_rows(mask_logits, [sampling], [plan.num_masks], self.mask_token_id)
+            window = finish_step(plan, row_entropy(mask_logits).cpu(), tokens.cpu(), params)
+
+    def _forward(self, sequence: list[int], window_ids: torch.Tensor, window_positions: torch.Tensor):
+        """Logits [n, V] of the window rows after the full causal forward of sequence + window."""
+        ids = torch.cat([torch.tensor(sequence, dtype=torch.long), window_ids])
+        positions = torch.cat([torch.arange(len(sequence), dtype=torch.long), window_positions])
+        out = self.model(input_ids=ids[None].to(self.device), position_ids=positions[None].to(self.device))
+        return out.logits[0, len(sequence):]
