@@ -1,9 +1,16 @@
-"""vLLM's per-architecture config hook for ``WeDLMForCausalLM`` (``MODELS_CONFIG_MAP``)."""
+"""vLLM's per-architecture config hook for ``WeDLMForCausalLM`` (``MODELS_CONFIG_MAP``).
+
+It runs inside ``VllmConfig.__post_init__``, in the process that builds the config, before the
+engine starts: bad settings fail before any weight is loaded, and in WeDLM mode it installs the
+plugin's scheduler and worker through vLLM's own config fields.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
+from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from vllm_wedlm.config import WeDLMSettings
@@ -12,11 +19,63 @@ from vllm_wedlm.models.configuration_wedlm import body_of
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+logger = init_logger(__name__)
+
+SCHEDULER_CLS = "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
+WORKER_CLS = {"cpu": "vllm_wedlm.adapter.worker.WeDLMCPUWorker", "cuda": "vllm_wedlm.adapter.worker.WeDLMGPUWorker"}
+
 
 class WeDLMConfigHook(VerifyAndUpdateConfig):
-    """Runs inside ``VllmConfig.__post_init__``: bad settings fail before any weight is loaded."""
-
     @staticmethod
     def verify_and_update_config(vllm_config: VllmConfig) -> None:
-        WeDLMSettings.from_additional_config(vllm_config.additional_config)
-        body_of(vllm_config.model_config.hf_config)
+        settings = WeDLMSettings.from_additional_config(vllm_config.additional_config)
+        hf_config = vllm_config.model_config.hf_config
+        body_of(hf_config)
+        if settings.wedlm:
+            configure_wedlm_mode(vllm_config, settings)
+
+
+def _refuse(reason: str) -> None:
+    raise ValueError(f"--decoding wedlm: {reason}")
+
+
+def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> None:
+    from vllm.platforms import current_platform
+
+    hf_config = vllm_config.model_config.hf_config
+    if not 0 <= hf_config.mask_token_id < hf_config.vocab_size:
+        _refuse(f"mask_token_id {hf_config.mask_token_id} is outside the vocabulary of {hf_config.vocab_size}")
+    if vllm_config.speculative_config is not None:
+        _refuse("speculative decoding cannot be combined with WeDLM decoding")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        _refuse("pipeline parallelism is not supported")
+    platform = "cuda" if current_platform.is_cuda() else "cpu" if current_platform.is_cpu() else None
+    if platform is None:
+        _refuse(f"platform {current_platform.device_name!r} is not supported (CUDA and CPU are)")
+
+    # The plugin drives vLLM's V1 model runner, on CPU and GPU; never fall back silently.
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", "false", "False"):
+        _refuse("it runs on vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # inherited by the engine processes
+
+    parallel = vllm_config.parallel_config
+    if parallel.worker_cls not in ("auto", WORKER_CLS[platform]):
+        _refuse(f"a custom worker ({parallel.worker_cls}) cannot be combined with it")
+    parallel.worker_cls = WORKER_CLS[platform]
+
+    scheduler = vllm_config.scheduler_config
+    if scheduler.scheduler_cls not in (None, SCHEDULER_CLS):
+        _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")
+    scheduler.scheduler_cls = SCHEDULER_CLS
+    # Windows are planned from the previous step's result, which async scheduling does not wait for.
+    scheduler.async_scheduling = False
+    # Every running request's window (at most 2W tokens) must fit one step's token budget.
+    max_seqs = scheduler.max_num_batched_tokens // (2 * settings.window_size)
+    if max_seqs < 1:
+        _refuse(f"max_num_batched_tokens {scheduler.max_num_batched_tokens} is below 2 * window_size")
+    if scheduler.max_num_seqs > max_seqs:
+        logger.info("WeDLM: max_num_seqs %d -> %d so that every window fits the token budget",
+                    scheduler.max_num_seqs, max_seqs)
+        scheduler.max_num_seqs = max_seqs
+    logger.info("WeDLM decoding: window %d, entropy threshold %s, position penalty %s",
+                settings.window_size, settings.params.entropy_threshold, settings.params.pos_penalty)
