@@ -1,42 +1,78 @@
-"""The ``--decoding`` flag of ``vllm serve`` (and every vLLM command that takes engine args).
+"""The plugin's flags on ``vllm serve`` (and every vLLM command that takes engine args).
 
 vLLM has no hook that hands a plugin its argument parser, but ``AsyncEngineArgs.add_cli_args``
 loads the general plugins and only then looks up ``EngineArgs.add_cli_args``, so a wrapper
-installed by the plugin adds the flag. ``EngineArgs.from_cli_args`` copies only dataclass fields,
-so a second wrapper folds the flag into ``additional_config``, where the engine reads it. Folding
-it there (rather than in an argparse action) keeps it whatever order ``--decoding`` and
-``--additional-config`` come in.
+installed by the plugin adds the flags. ``EngineArgs.from_cli_args`` copies only dataclass
+fields, so a second wrapper folds the flags into ``additional_config``, where the engine reads
+them; folding there (not in an argparse action) works whatever order the flags and
+``--additional-config`` come in. A third wrapper, on ``EngineArgs.create_engine_config`` (used by
+``vllm serve`` and ``vllm.LLM`` alike), refuses WeDLM decoding of a model that is not a WeDLM model.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from vllm_wedlm.config import DECODING_KEY, DECODING_MODES, DEFAULT_DECODING
+from vllm_wedlm.config import (
+    DECODING_KEY,
+    DECODING_MODES,
+    DEFAULT_DECODING,
+    ENTROPY_THRESHOLD_KEY,
+    POS_PENALTY_KEY,
+    WINDOW_SIZE_KEY,
+    WeDLMSettings,
+)
+from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
 
-_ATTR = "wedlm_decoding"  # namespace attribute of the parsed flag
 _MARK = "_vllm_wedlm_wrapped"
+WEDLM_ARCHITECTURE = "WeDLMForCausalLM"
+
+# namespace attribute -> additional_config key
+_FLAG_KEYS = {
+    "wedlm_decoding": DECODING_KEY,
+    "wedlm_window_size": WINDOW_SIZE_KEY,
+    "wedlm_entropy_threshold": ENTROPY_THRESHOLD_KEY,
+    "wedlm_pos_penalty": POS_PENALTY_KEY,
+}
+
+
+def _threshold(text: str) -> float | None:
+    return None if text.lower() in ("none", "null") else float(text)
 
 
 def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("WeDLM", "Options of the vllm_wedlm plugin.")
-    group.add_argument(
-        "--decoding",
-        dest=_ATTR,
-        choices=DECODING_MODES,
-        default=None,
-        help=f"How a WeDLM model decodes (default: {DEFAULT_DECODING}). "
-        "'ar': one token per forward, vLLM's ordinary path.",
-    )
+    group.add_argument("--decoding", dest="wedlm_decoding", choices=DECODING_MODES, default=argparse.SUPPRESS,
+                       help=f"How a WeDLM model decodes (default: {DEFAULT_DECODING}). 'ar': one token per "
+                       "forward, vLLM's ordinary path. 'wedlm': WeDLM's streaming parallel decoding.")
+    group.add_argument("--wedlm-window-size", type=int, default=argparse.SUPPRESS,
+                       help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}).")
+    group.add_argument("--wedlm-entropy-threshold", type=_threshold, default=argparse.SUPPRESS,
+                       help=f"WeDLM mode: fill every mask whose adjusted entropy is below this "
+                       f"(default {DEFAULT_PARAMS.entropy_threshold}; 'none' = one per step). "
+                       "Per request: extra_args / vllm_xargs 'wedlm_entropy_threshold'.")
+    group.add_argument("--wedlm-pos-penalty", type=float, default=argparse.SUPPRESS,
+                       help=f"WeDLM mode: entropy penalty per slot of distance from the first mask "
+                       f"(default {DEFAULT_PARAMS.pos_penalty}). Per request: 'wedlm_pos_penalty'.")
 
 
 def fold_into_additional_config(args: argparse.Namespace) -> None:
-    decoding = getattr(args, _ATTR, None)
-    if decoding is None:
-        return
-    additional = dict(getattr(args, "additional_config", None) or {})
-    additional[DECODING_KEY] = decoding
-    args.additional_config = additional
+    # The flags default to SUPPRESS: an attribute exists only for a flag on the command line
+    # (so "--wedlm-entropy-threshold none" is told apart from no flag).
+    given = {key: getattr(args, attr) for attr, key in _FLAG_KEYS.items() if hasattr(args, attr)}
+    if given:
+        args.additional_config = {**(getattr(args, "additional_config", None) or {}), **given}
+
+
+def check_engine_config(vllm_config) -> None:
+    """Refuse WeDLM decoding of a model that is not a WeDLM model, with the reason."""
+    settings = WeDLMSettings.from_additional_config(vllm_config.additional_config)
+    model_config = vllm_config.model_config
+    if settings.wedlm and model_config is not None and model_config.architecture != WEDLM_ARCHITECTURE:
+        raise ValueError(
+            f"--decoding wedlm needs a WeDLM model (architecture {WEDLM_ARCHITECTURE}, model_type "
+            f"'wedlm'); {model_config.model} is {model_config.architecture}. Use --decoding ar."
+        )
 
 
 def install_cli_flags() -> None:
@@ -46,6 +82,7 @@ def install_cli_flags() -> None:
         return
     original_add = EngineArgs.add_cli_args
     original_from = EngineArgs.from_cli_args.__func__
+    original_create = EngineArgs.create_engine_config
 
     def add_cli_args(parser):
         parser = original_add(parser)
@@ -56,6 +93,12 @@ def install_cli_flags() -> None:
         fold_into_additional_config(args)
         return original_from(cls, args)
 
+    def create_engine_config(self, *args, **kwargs):
+        vllm_config = original_create(self, *args, **kwargs)
+        check_engine_config(vllm_config)
+        return vllm_config
+
     setattr(add_cli_args, _MARK, True)
     EngineArgs.add_cli_args = staticmethod(add_cli_args)
     EngineArgs.from_cli_args = classmethod(from_cli_args)
+    EngineArgs.create_engine_config = create_engine_config

@@ -63,6 +63,13 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         _refuse(f"a custom worker ({parallel.worker_cls}) cannot be combined with it")
     parallel.worker_cls = WORKER_CLS[platform]
 
+    # Per-request validation in the front end (a 400 for unsupported requests, see the module).
+    from vllm_wedlm.adapter.request_validator import QUALNAME
+
+    model_config = vllm_config.model_config
+    if QUALNAME not in (model_config.logits_processors or []):
+        model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
+
     scheduler = vllm_config.scheduler_config
     if scheduler.scheduler_cls not in (None, SCHEDULER_CLS):
         _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")

@@ -1,0 +1,77 @@
+"""Per-request checks of WeDLM mode, run by vLLM's front end on every request.
+
+vLLM calls ``validate_params`` of each configured logits processor while it validates a
+request, before the request reaches the engine; a ``ValueError`` there is a 400 for the OpenAI
+server and an exception for ``LLM.generate``, and nothing else is disturbed. The config hook
+registers this class in WeDLM mode. It changes no logits: the WeDLM runner samples on its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.v1.sample.logits_processor.interface import LogitsProcessor
+
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY
+from vllm_wedlm.core import WeDLMParams
+
+QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
+
+
+def unsupported_features(params: SamplingParams) -> list[str]:
+    """Names of the requested features the WeDLM sampler does not implement."""
+    found = []
+    if params.structured_outputs is not None:
+        found.append("structured outputs (guided decoding, response_format)")
+    if params.logprobs is not None:
+        found.append("logprobs")
+    if params.prompt_logprobs is not None:
+        found.append("prompt_logprobs")
+    if params.min_tokens:
+        found.append("min_tokens")
+    if params.logit_bias:
+        found.append("logit_bias")
+    if params.bad_words:
+        found.append("bad_words")
+    if params.allowed_token_ids:
+        found.append("allowed_token_ids")
+    if params.min_p:
+        found.append("min_p")
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+        found.append("presence/frequency/repetition penalties")
+    return found
+
+
+def request_knobs(params: SamplingParams) -> WeDLMParams | None:
+    """Validate the request's own WeDLM knobs (extra_args); None when it sets none."""
+    extra = params.extra_args or {}
+    if REQUEST_ENTROPY_THRESHOLD not in extra and REQUEST_POS_PENALTY not in extra:
+        return None
+    return WeDLMParams(
+        entropy_threshold=extra.get(REQUEST_ENTROPY_THRESHOLD, WeDLMParams().entropy_threshold),
+        pos_penalty=extra.get(REQUEST_POS_PENALTY, WeDLMParams().pos_penalty),
+    )
+
+
+class WeDLMRequestValidator(LogitsProcessor):
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams):
+        unsupported = unsupported_features(sampling_params)
+        if unsupported:
+            raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
+        try:
+            request_knobs(sampling_params)
+        except ValueError as error:
+            raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update) -> None:
+        pass
