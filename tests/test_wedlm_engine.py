@@ -1,0 +1,137 @@
+"""WeDLM mode through ``vllm.LLM``: KV reuse, preemption, max_model_len, sampling, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import build_checkpoint
+from engines import running_llm
+from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.reference import ReferenceDecoder, StopRule
+
+WINDOW = 8
+WEDLM = {"decoding": "wedlm", "window_size": WINDOW}
+MAX_MODEL_LEN = 160
+
+
+@pytest.fixture(scope="module")
+def sharp(tmp_path_factory):
+    path = build_checkpoint(tmp_path_factory.mktemp("engine"), TinySpec(variant="qwen3", logit_scale=30.0))
+    reference = ReferenceDecoder(load_transformers_model(path), WeDLMConfig.from_pretrained(path).mask_token_id, WINDOW)
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def llm(sharp):
+    with running_llm(sharp[0], dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,
+                     enable_prefix_caching=True, block_size=16) as engine:
+        yield engine
+
+
+def greedy(max_tokens, **extra):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra or None)
+
+
+def test_committed_kv_is_reused_by_prefix_caching(llm, sharp):
+    """Invariant 2: a request whose prompt is an earlier prompt plus its WeDLM output reuses the
+    KV that WeDLM committed (cache hits past the first prompt) and decodes exactly as a full
+    recompute (the reference, i.e. no caching at all) does."""
+    _, reference = sharp
+    first = llm.generate(["The quiet river reads the number and the lamp holds"], greedy(64), use_tqdm=False)[0]
+    prompt = list(first.prompt_token_ids) + list(first.outputs[0].token_ids)
+    second = llm.generate([{"prompt_token_ids": prompt}], greedy(24), use_tqdm=False)[0]
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    assert block == 16
+    assert second.num_cached_tokens >= ((len(prompt) - 1) // block) * block  # every full block
+    assert second.num_cached_tokens > len(first.prompt_token_ids)  # hits inside WeDLM's output
+    expected = reference.generate(prompt, StopRule(max_tokens=24), WeDLMParams())
+    assert list(second.outputs[0].token_ids) == expected.token_ids
+
+
+def test_windows_stop_at_max_model_len(llm, sharp):
+    """Invariant 4: never past max_model_len; the window shrinks to fit."""
+    _, reference = sharp
+    out = llm.generate(["1, 2, 3"], greedy(10_000, wedlm_entropy_threshold=1e9), use_tqdm=False)[0]
+    prompt = list(out.prompt_token_ids)
+    assert len(prompt) + len(out.outputs[0].token_ids) == MAX_MODEL_LEN
+    expected = reference.generate(prompt, StopRule(max_tokens=10_000, max_model_len=MAX_MODEL_LEN),
+                                  WeDLMParams(entropy_threshold=1e9))
+    assert list(out.outputs[0].token_ids) == expected.token_ids
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(llm):
+    from vllm import SamplingParams
+
+    def run(seed):
+        params = SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_tokens=24, seed=seed, ignore_eos=True)
+        return list(llm.generate(["Ada has"], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"extra_args": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
+    ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
+    ({"logprobs": 2}, "Not supported with --decoding wedlm: logprobs"),
+    ({"min_tokens": 3}, "min_tokens"),
+    ({"repetition_penalty": 1.2}, "penalties"),
+])
+def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):
+    from vllm import SamplingParams
+
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["1, 2"], SamplingParams(max_tokens=4, **kwargs), use_tqdm=False)
+    assert len(llm.generate(["1, 2"], greedy(4), use_tqdm=False)[0].outputs[0].token_ids) == 4
+
+
+def test_structured_outputs_are_refused(llm):
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    with pytest.raises(ValueError, match="structured outputs"):
+        llm.generate(["1, 2"], params, use_tqdm=False)
+
+
+def test_preemption_restarts_windows_and_changes_nothing(sharp):
+    """Invariant 5: a batch that does not fit the KV cache (so vLLM preempts and re-prefills)
+    gives each request exactly what it gets alone."""
+    path, reference = sharp
+    config = json.loads((path / "config.json").read_text())
+    head_dim = config["head_dim"]
+    bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    prompts = [f"{i}, {i + 1}, {i + 2}, Ada has {i} apples" for i in range(8)]
+    with running_llm(path, dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,
+                     kv_cache_memory_bytes=3 * MAX_MODEL_LEN * bytes_per_token, block_size=16,
+                     disable_log_stats=False) as small:
+        outputs = small.generate(prompts, greedy(96), use_tqdm=False)
+        stats = small.get_metrics()
+    preemptions = [m.value for m in stats if m.name == "vllm:num_preemptions"]
+    assert preemptions and preemptions[0] > 0, "the batch was meant to force preemption"
+    for out in outputs:
+        expected = reference.generate(list(out.prompt_token_ids), StopRule(max_tokens=96), WeDLMParams())
+        assert list(out.outputs[0].token_ids) == expected.token_ids
+
+
+def test_wedlm_on_a_non_wedlm_model_is_refused(sharp, tmp_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    qwen3 = tmp_path / "qwen3"
+    shutil.copytree(sharp[0], qwen3)
+    config = json.loads((qwen3 / "config.json").read_text())
+    config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+    config.pop("auto_map")
+    (qwen3 / "config.json").write_text(json.dumps(config))
+    args = EngineArgs(model=str(qwen3), max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=1 << 26,
+                      additional_config={"decoding": "wedlm"})
+    with pytest.raises(ValueError, match="needs a WeDLM model .* is Qwen3ForCausalLM"):
+        args.create_engine_config()
