@@ -1,0 +1,164 @@
+"""A real ``vllm serve <tiny WeDLM> --decoding wedlm``: OpenAI API, streaming, stops, bad input.
+
+The served checkpoint's EOS is set to a token that greedy WeDLM decoding commits in the middle
+of a window, so the EOS case is real rather than left to chance.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import pytest
+import requests
+
+from conftest import build_checkpoint
+from servers import running_server
+from test_serve_ar import post, sse_events
+from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.reference import ReferenceDecoder, StopRule
+
+WINDOW = 8
+FILL_ALL = {"wedlm_entropy_threshold": 1e9}  # every mask fills: whole windows commit at once
+PROMPT = "1, 2, 3, 4, 5"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-wedlm")
+    base = build_checkpoint(root, TinySpec(variant="qwen3", logit_scale=30.0))
+    reference = ReferenceDecoder(load_transformers_model(base), WeDLMConfig.from_pretrained(base).mask_token_id, WINDOW)
+    from transformers import AutoTokenizer
+
+    prompt_ids = AutoTokenizer.from_pretrained(base).encode(PROMPT)
+    committed = reference.generate(prompt_ids, StopRule(max_tokens=24), WeDLMParams(1e9, 0.02)).token_ids
+    # An EOS that first appears mid-window (position 3 of the first committed window of 8).
+    eos = next(t for i, t in enumerate(committed) if i >= 3 and i % WINDOW != 0 and committed.index(t) == i)
+    path = root / "served"
+    shutil.copytree(base, path)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((path / name).read_text())
+        config["eos_token_id"] = eos
+        (path / name).write_text(json.dumps(config))
+    log = root / "vllm-serve.log"
+    with running_server(path, "--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
+                        "--wedlm-entropy-threshold", "0.4", log_path=log) as url:
+        yield url, reference, eos
+
+
+def completion(url, **body):
+    body = {"prompt": PROMPT, "temperature": 0, "return_token_ids": True, **body}
+    return post(url, "/v1/completions", body).json()["choices"][0]
+
+
+def expect(reference, prompt_ids, max_tokens, tau=0.4, stop=()):
+    rule = StopRule(max_tokens=max_tokens, stop_token_ids=frozenset(stop))
+    return reference.generate(prompt_ids, rule, WeDLMParams(tau, 0.02)).token_ids
+
+
+def test_completion_equals_reference_with_server_and_request_knobs(setup):
+    url, reference, _ = setup
+    choice = completion(url, max_tokens=20, ignore_eos=True)
+    assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20)
+    choice = completion(url, max_tokens=20, ignore_eos=True, vllm_xargs=FILL_ALL)
+    assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20, tau=1e9)
+
+
+def test_eos_mid_window_ends_the_request_there(setup):
+    url, reference, eos = setup
+    choice = completion(url, max_tokens=24, vllm_xargs=FILL_ALL)
+    expected = expect(reference, choice["prompt_token_ids"], 24, tau=1e9, stop=[eos])
+    assert expected[-1] == eos and len(expected) % WINDOW != 0  # really mid-window
+    assert choice["token_ids"] == expected
+    assert choice["finish_reason"] == "stop"
+
+
+def test_stop_token_ids_and_max_tokens_are_exact(setup):
+    url, reference, eos = setup
+    full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]
+    stop = next(t for i, t in enumerate(full) if i >= 9 and t != eos and full.index(t) == i)
+    choice = completion(url, max_tokens=24, ignore_eos=True, stop_token_ids=[stop], vllm_xargs=FILL_ALL)
+    assert choice["token_ids"] == full[: full.index(stop) + 1] and choice["finish_reason"] == "stop"
+    # 13 tokens: the second window of 8 is cut in the middle.
+    choice = completion(url, max_tokens=13, ignore_eos=True, vllm_xargs=FILL_ALL)
+    assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 13, tau=1e9)
+    assert len(choice["token_ids"]) == 13 and choice["finish_reason"] == "length"
+
+
+def test_stop_string(setup):
+    url, _, _ = setup
+    full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["text"]
+    stop = next(full[i:i + 3] for i in range(6, len(full) - 3) if full[i:i + 3].isascii() and full[i:i + 3].strip())
+    choice = completion(url, max_tokens=24, ignore_eos=True, stop=[stop], vllm_xargs=FILL_ALL)
+    assert choice["text"] == full[: full.index(stop)] and choice["finish_reason"] == "stop"
+
+
+def test_streaming_emits_committed_runs(setup):
+    url, _, _ = setup
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 24, "ignore_eos": True, "return_token_ids": True,
+            "vllm_xargs": FILL_ALL}
+    whole = post(url, "/v1/completions", body).json()["choices"][0]
+    events = sse_events(post(url, "/v1/completions", {**body, "stream": True}, stream=True))
+    chunks = [e["choices"][0] for e in events if e["choices"]]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    runs = [len(c.get("token_ids") or []) for c in chunks]
+    assert sum(runs) == 24 and max(runs) == WINDOW  # a whole window arrives in one event
+
+
+def test_chat_stream(setup):
+    url, _, _ = setup
+    body = {"messages": [{"role": "user", "content": "Count."}], "temperature": 0, "max_tokens": 16,
+            "ignore_eos": True}
+    whole = post(url, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    events = sse_events(post(url, "/v1/chat/completions", {**body, "stream": True}, stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == whole
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"vllm_xargs": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
+    ({"vllm_xargs": {"wedlm_pos_penalty": -2}}, "pos_penalty must be a finite number"),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured outputs"),
+    ({"response_format": {"type": "json_object"}}, "structured outputs"),
+    ({"logprobs": 2}, "logprobs"),
+    ({"prompt": "1, 2, 3, " * 400}, "maximum context length|max_model_len|too long|longer than"),
+])
+def test_bad_requests_get_a_400_and_the_server_keeps_serving(setup, body, message):
+    import re
+
+    url, _, _ = setup
+    model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    response = requests.post(f"{url}/v1/completions", timeout=120,
+                             json={"model": model, "prompt": PROMPT, "max_tokens": 4, **body})
+    assert response.status_code == 400, response.text
+    assert re.search(message, response.text), response.text
+    assert len(completion(url, max_tokens=4, ignore_eos=True)["token_ids"]) == 4
+
+
+def test_aborted_streams_do_not_disturb_others(setup):
+    url, reference, _ = setup
+    model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    results: dict[int, dict] = {}
+
+    def good(i):
+        results[i] = completion(url, prompt=f"{i}, {i + 1}, {i + 2}", max_tokens=20, ignore_eos=True)
+
+    def aborted():
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 120, "ignore_eos": True, "stream": True}
+        with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=120) as response:
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 3:
+                    break  # the client goes away mid-stream
+
+    threads = [threading.Thread(target=aborted) for _ in range(3)] + [threading.Thread(target=good, args=(i,))
+                                                                      for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(results) == [0, 1, 2, 3]
+    for choice in results.values():
+        assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20)
