@@ -47,7 +47,7 @@ def setup(tmp_path_factory):
     log = root / "vllm-serve.log"
     with running_server(path, "--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
                         "--wedlm-entropy-threshold", "0.4", log_path=log) as url:
-        yield url, reference, eos
+        yield url, reference, eos, log
 
 
 def completion(url, **body):
@@ -61,7 +61,7 @@ def expect(reference, prompt_ids, max_tokens, tau=0.4, stop=()):
 
 
 def test_completion_equals_reference_with_server_and_request_knobs(setup):
-    url, reference, _ = setup
+    url, reference, *_ = setup
     choice = completion(url, max_tokens=20, ignore_eos=True)
     assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20)
     choice = completion(url, max_tokens=20, ignore_eos=True, vllm_xargs=FILL_ALL)
@@ -69,7 +69,7 @@ def test_completion_equals_reference_with_server_and_request_knobs(setup):
 
 
 def test_eos_mid_window_ends_the_request_there(setup):
-    url, reference, eos = setup
+    url, reference, eos, _ = setup
     choice = completion(url, max_tokens=24, vllm_xargs=FILL_ALL)
     expected = expect(reference, choice["prompt_token_ids"], 24, tau=1e9, stop=[eos])
     assert expected[-1] == eos and len(expected) % WINDOW != 0  # really mid-window
@@ -78,7 +78,7 @@ def test_eos_mid_window_ends_the_request_there(setup):
 
 
 def test_stop_token_ids_and_max_tokens_are_exact(setup):
-    url, reference, eos = setup
+    url, reference, eos, _ = setup
     full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]
     stop = next(t for i, t in enumerate(full) if i >= 9 and t != eos and full.index(t) == i)
     choice = completion(url, max_tokens=24, ignore_eos=True, stop_token_ids=[stop], vllm_xargs=FILL_ALL)
@@ -90,7 +90,7 @@ def test_stop_token_ids_and_max_tokens_are_exact(setup):
 
 
 def test_stop_string(setup):
-    url, _, _ = setup
+    url, *_ = setup
     full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["text"]
     stop = next(full[i:i + 3] for i in range(6, len(full) - 3) if full[i:i + 3].isascii() and full[i:i + 3].strip())
     choice = completion(url, max_tokens=24, ignore_eos=True, stop=[stop], vllm_xargs=FILL_ALL)
@@ -98,7 +98,7 @@ def test_stop_string(setup):
 
 
 def test_streaming_emits_committed_runs(setup):
-    url, _, _ = setup
+    url, *_ = setup
     body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 24, "ignore_eos": True, "return_token_ids": True,
             "vllm_xargs": FILL_ALL}
     whole = post(url, "/v1/completions", body).json()["choices"][0]
@@ -110,7 +110,7 @@ def test_streaming_emits_committed_runs(setup):
 
 
 def test_chat_stream(setup):
-    url, _, _ = setup
+    url, *_ = setup
     body = {"messages": [{"role": "user", "content": "Count."}], "temperature": 0, "max_tokens": 16,
             "ignore_eos": True}
     whole = post(url, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
@@ -129,7 +129,7 @@ def test_chat_stream(setup):
 def test_bad_requests_get_a_400_and_the_server_keeps_serving(setup, body, message):
     import re
 
-    url, _, _ = setup
+    url, *_ = setup
     model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     response = requests.post(f"{url}/v1/completions", timeout=120,
                              json={"model": model, "prompt": PROMPT, "max_tokens": 4, **body})
@@ -139,7 +139,7 @@ def test_bad_requests_get_a_400_and_the_server_keeps_serving(setup, body, messag
 
 
 def test_aborted_streams_do_not_disturb_others(setup):
-    url, reference, _ = setup
+    url, reference, *_ = setup
     model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     results: dict[int, dict] = {}
 
@@ -162,3 +162,19 @@ def test_aborted_streams_do_not_disturb_others(setup):
     assert sorted(results) == [0, 1, 2, 3]
     for choice in results.values():
         assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20)
+
+
+def test_tokens_per_forward_is_logged(setup):
+    import re
+    import time
+
+    url, *_, log = setup
+    pattern = re.compile(r"WeDLM decoding: ([0-9.]+) tokens per forward")
+    for _ in range(3):  # the line comes at most every 5 s, while requests decode
+        completion(url, max_tokens=48, ignore_eos=True, vllm_xargs=FILL_ALL)
+        found = pattern.findall(log.read_text())
+        if found:
+            break
+        time.sleep(5.5)
+    assert found, "no tokens-per-forward line in the server log"
+    assert max(float(x) for x in found) > 1.0

@@ -19,7 +19,8 @@ from vllm_wedlm.models.configuration_wedlm import body_of
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-logger = init_logger(__name__)
+# Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
+logger = init_logger("vllm.wedlm")
 
 SCHEDULER_CLS = "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
 WORKER_CLS = {"cpu": "vllm_wedlm.adapter.worker.WeDLMCPUWorker", "cuda": "vllm_wedlm.adapter.worker.WeDLMGPUWorker"}

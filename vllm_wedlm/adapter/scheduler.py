@@ -12,17 +12,44 @@ request's "draft" tokens, scheduled after its committed tokens, KV written at
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+
+# Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
+logger = init_logger("vllm.wedlm")
+
+#: Seconds between two "WeDLM decoding" log lines (only while requests decode).
+LOG_INTERVAL_S = 5.0
+
+
+@dataclass
+class CommitStats:
+    """Counts since the last log line. A request-forward is one request's window in one step."""
+
+    request_forwards: int = 0
+    committed_tokens: int = 0
+    window_tokens: int = 0
+
+    def line(self) -> str:
+        tpf = self.committed_tokens / max(self.request_forwards, 1)
+        return (f"WeDLM decoding: {tpf:.2f} tokens per forward ({self.committed_tokens} tokens committed in "
+                f"{self.request_forwards} request-forwards of {self.window_tokens} window tokens)")
 
 
 class WeDLMScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_sampled_tokens_per_step = 0
+        self.commit_stats = CommitStats()
+        self._last_log = time.monotonic()
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        self._count_commits(scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
@@ -30,6 +57,21 @@ class WeDLMScheduler(Scheduler):
                 if request is not None and not request.is_finished() and not request.is_prefill_chunk:
                     request.spec_token_ids = window
         return outputs
+
+    def _count_commits(self, scheduler_output, model_runner_output) -> None:
+        # Before the base class trims tokens past a stop: count what the forward committed.
+        stats = self.commit_stats
+        for req_id, window in scheduler_output.scheduled_spec_decode_tokens.items():
+            index = model_runner_output.req_id_to_index.get(req_id)
+            if index is None or not model_runner_output.sampled_token_ids:
+                continue
+            stats.request_forwards += 1
+            stats.window_tokens += len(window)
+            stats.committed_tokens += len(model_runner_output.sampled_token_ids[index])
+        now = time.monotonic()
+        if stats.request_forwards and now - self._last_log >= LOG_INTERVAL_S:
+            logger.info(stats.line())
+            self.commit_stats, self._last_log = CommitStats(), now
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
