@@ -73,6 +73,11 @@ class WeDLMScheduler(Scheduler):
             logger.info(stats.line())
             self.commit_stats, self._last_log = CommitStats(), now
 
+    def shutdown(self) -> None:
+        if self.commit_stats.request_forwards:
+            logger.info(self.commit_stats.line())
+        super().shutdown()
+
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         # vLLM's draft-acceptance statistics assume at most num_speculative_tokens accepted
