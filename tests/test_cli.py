@@ -55,3 +55,45 @@ def test_unknown_mode_in_additional_config_is_refused_at_start_up(tiny_checkpoin
                       kv_cache_memory_bytes=1 << 26, additional_config={"decoding": "bogus"})
     with pytest.raises(ValueError, match="Unknown decoding mode 'bogus'.*choose one of ar"):
         args.create_engine_config()
+
+
+def test_wedlm_flags_land_in_additional_config(serve_parser):
+    argv = ["--decoding", "wedlm", "--wedlm-window-size", "8", "--wedlm-entropy-threshold", "none",
+            "--wedlm-pos-penalty", "0.1"]
+    assert engine_args(serve_parser, argv).additional_config == {
+        "decoding": "wedlm", "window_size": 8, "entropy_threshold": None, "pos_penalty": 0.1}
+    argv = ["--decoding", "wedlm", "--wedlm-entropy-threshold", "0.6"]
+    assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "entropy_threshold": 0.6}
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"window_size": 0}, "window_size must be an integer in"),
+    ({"window_size": 1000}, "window_size must be an integer in"),
+    ({"entropy_threshold": -0.5}, "entropy_threshold must be a positive"),
+    ({"pos_penalty": -1}, "pos_penalty must be a finite number"),
+])
+def test_invalid_server_knobs_are_refused_at_start_up(tiny_checkpoints, settings, message):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
+                      kv_cache_memory_bytes=1 << 26, additional_config={"decoding": "wedlm", **settings})
+    with pytest.raises(ValueError, match=message):
+        args.create_engine_config()
+
+
+def test_wedlm_mode_installs_the_plugin_pieces(tiny_checkpoints):
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
+                        kv_cache_memory_bytes=1 << 26,
+                        additional_config={"decoding": "wedlm", "window_size": 16}).create_engine_config()
+    assert config.scheduler_config.scheduler_cls == "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
+    assert config.parallel_config.worker_cls.startswith("vllm_wedlm.adapter.worker.WeDLM")
+    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.max_num_seqs * 32 <= config.scheduler_config.max_num_batched_tokens
+    assert not config.use_v2_model_runner
+    # AR mode installs nothing.
+    ar = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
+                    kv_cache_memory_bytes=1 << 26).create_engine_config()
+    assert ar.scheduler_config.scheduler_cls != config.scheduler_config.scheduler_cls
+    assert not str(ar.parallel_config.worker_cls).startswith("vllm_wedlm")
