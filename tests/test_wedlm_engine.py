@@ -102,23 +102,28 @@ def test_structured_outputs_are_refused(llm):
         llm.generate(["1, 2"], params, use_tqdm=False)
 
 
-def test_preemption_restarts_windows_and_changes_nothing(sharp):
-    """Invariant 5: a batch that does not fit the KV cache (so vLLM preempts and re-prefills)
-    gives each request exactly what it gets alone."""
+def test_preemption_and_chunked_prefill_change_nothing(sharp):
+    """Invariant 5: a batch that does not fit the KV cache (so vLLM preempts and re-prefills,
+    and the window restarts) gives each request exactly what it gets alone. The token budget of
+    128 also splits the long prompt into chunked prefills (which commit nothing)."""
     path, reference = sharp
     config = json.loads((path / "config.json").read_text())
     head_dim = config["head_dim"]
     bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
-    prompts = [f"{i}, {i + 1}, {i + 2}, Ada has {i} apples" for i in range(8)]
+    prompts = [f"{i}, {i + 1}, {i + 2}, Ada has {i} apples" for i in range(7)]
+    prompts.append(", ".join(str(i) for i in range(1, 70)))  # longer than the token budget
     with running_llm(path, dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,
                      kv_cache_memory_bytes=3 * MAX_MODEL_LEN * bytes_per_token, block_size=16,
+                     max_num_batched_tokens=128, enable_chunked_prefill=True,
                      disable_log_stats=False) as small:
         outputs = small.generate(prompts, greedy(96), use_tqdm=False)
         stats = small.get_metrics()
     preemptions = [m.value for m in stats if m.name == "vllm:num_preemptions"]
     assert preemptions and preemptions[0] > 0, "the batch was meant to force preemption"
+    assert max(len(out.prompt_token_ids) for out in outputs) > 128
     for out in outputs:
-        expected = reference.generate(list(out.prompt_token_ids), StopRule(max_tokens=96), WeDLMParams())
+        rule = StopRule(max_tokens=96, max_model_len=MAX_MODEL_LEN)
+        expected = reference.generate(list(out.prompt_token_ids), rule, WeDLMParams())
         assert list(out.outputs[0].token_ids) == expected.token_ids
 
 
