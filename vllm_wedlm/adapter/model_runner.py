@@ -45,8 +45,7 @@ class RowStep:
     req_id: str
     row: int  # index in the input batch
     num_logits: int  # mask rows whose logits are computed (the request's last rows)
-    committed_len: int  # tokens whose KV is exact before this step
-    num_scheduled: int
+    committed_len: int  # tokens whose KV is exact before this step (after it, for a prefill)
     is_window: bool  # else a prefill chunk
     completes_prefill: bool = False
 
@@ -100,11 +99,11 @@ class WeDLMRunnerMixin:
                         "every running window (max_num_batched_tokens >= max_num_seqs * 2 * window_size)"
                     )
                 positions[start:start + n] = computed + plan.order.numpy()
-                step = RowStep(req_id, row, plan.num_masks, computed, n, is_window=True)
+                step = RowStep(req_id, row, plan.num_masks, computed, is_window=True)
             else:
                 positions[start:start + n] = np.arange(computed, computed + n)
                 done = computed + n >= self.requests[req_id].num_tokens
-                step = RowStep(req_id, row, 0, computed + n, n, is_window=False, completes_prefill=done)
+                step = RowStep(req_id, row, 0, computed + n, is_window=False, completes_prefill=done)
             logits_rows.append(np.arange(start + n - step.num_logits, start + n))
             self._wedlm_rows.append(step)
         # Slots were computed from physical positions (num_computed + i) by the call above;
