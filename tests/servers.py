@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -62,3 +63,23 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def model_name(base: str) -> str:
+    (model,) = requests.get(f"{base}/v1/models", timeout=30).json()["data"]
+    return model["id"]
+
+
+def post(base: str, route: str, body: dict, stream: bool = False) -> requests.Response:
+    response = requests.post(f"{base}{route}", json={"model": model_name(base), **body}, stream=stream, timeout=300)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def sse_events(response: requests.Response) -> list[dict]:
+    """The JSON payloads of a server-sent-event stream, without the final [DONE]."""
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line and line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[len("data: "):]))
+    return events

@@ -7,10 +7,9 @@ server is known to run the right model the right way, not merely to answer.
 from __future__ import annotations
 
 import pytest
-import requests
 import torch
 
-from servers import running_server
+from servers import model_name, post, running_server, sse_events
 from vllm_wedlm.models.transformers_body import load_transformers_model
 
 MAX_TOKENS = 12
@@ -34,27 +33,6 @@ def greedy(reference, prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> li
     with torch.no_grad():
         out = reference.generate(ids, max_new_tokens=max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
     return out[0, len(prompt_ids):].tolist()
-
-
-def model_name(base: str) -> str:
-    (model,) = requests.get(f"{base}/v1/models", timeout=30).json()["data"]
-    return model["id"]
-
-
-def post(base: str, route: str, body: dict, stream: bool = False) -> requests.Response:
-    response = requests.post(f"{base}{route}", json={"model": model_name(base), **body}, stream=stream, timeout=300)
-    assert response.status_code == 200, response.text
-    return response
-
-
-def sse_events(response: requests.Response) -> list[dict]:
-    import json
-
-    events = []
-    for line in response.iter_lines(decode_unicode=True):
-        if line and line.startswith("data: ") and line != "data: [DONE]":
-            events.append(json.loads(line[len("data: "):]))
-    return events
 
 
 def test_models_route_lists_the_checkpoint(server):

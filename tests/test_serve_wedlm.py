@@ -14,8 +14,7 @@ import pytest
 import requests
 
 from conftest import build_checkpoint
-from servers import running_server
-from test_serve_ar import post, sse_events
+from servers import post, running_server, sse_events
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig

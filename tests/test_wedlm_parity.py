@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from conftest import build_checkpoint
 from engines import running_llm
