@@ -24,7 +24,6 @@ DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
-_KNOWN_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY)
 
 #: SamplingParams.extra_args keys (per-request overrides); prefixed, as extra_args is shared.
 REQUEST_ENTROPY_THRESHOLD = "wedlm_entropy_threshold"
