@@ -12,8 +12,7 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY
-from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.config import WeDLMSettings
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
@@ -42,17 +41,6 @@ def unsupported_features(params: SamplingParams) -> list[str]:
     return found
 
 
-def request_knobs(params: SamplingParams) -> WeDLMParams | None:
-    """Validate the request's own WeDLM knobs (extra_args); None when it sets none."""
-    extra = params.extra_args or {}
-    if REQUEST_ENTROPY_THRESHOLD not in extra and REQUEST_POS_PENALTY not in extra:
-        return None
-    return WeDLMParams(
-        entropy_threshold=extra.get(REQUEST_ENTROPY_THRESHOLD, WeDLMParams().entropy_threshold),
-        pos_penalty=extra.get(REQUEST_POS_PENALTY, WeDLMParams().pos_penalty),
-    )
-
-
 class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams):
@@ -60,7 +48,8 @@ class WeDLMRequestValidator(LogitsProcessor):
         if unsupported:
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
         try:
-            request_knobs(sampling_params)
+            # The runner reads the knobs the same way, over the server's defaults.
+            WeDLMSettings().request_params(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
 
