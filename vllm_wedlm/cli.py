@@ -23,9 +23,9 @@ from vllm_wedlm.config import (
     WeDLMSettings,
 )
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
+from vllm_wedlm.plugin import ARCHITECTURE
 
 _MARK = "_vllm_wedlm_wrapped"
-WEDLM_ARCHITECTURE = "WeDLMForCausalLM"
 
 # namespace attribute -> additional_config key
 _FLAG_KEYS = {
@@ -68,9 +68,9 @@ def check_engine_config(vllm_config) -> None:
     """Refuse WeDLM decoding of a model that is not a WeDLM model, with the reason."""
     settings = WeDLMSettings.from_additional_config(vllm_config.additional_config)
     model_config = vllm_config.model_config
-    if settings.wedlm and model_config is not None and model_config.architecture != WEDLM_ARCHITECTURE:
+    if settings.wedlm and model_config is not None and model_config.architecture != ARCHITECTURE:
         raise ValueError(
-            f"--decoding wedlm needs a WeDLM model (architecture {WEDLM_ARCHITECTURE}, model_type "
+            f"--decoding wedlm needs a WeDLM model (architecture {ARCHITECTURE}, model_type "
             f"'wedlm'); {model_config.model} is {model_config.architecture}. Use --decoding ar."
         )
 
