@@ -88,7 +88,7 @@ def test_wedlm_mode_installs_the_plugin_pieces(tiny_checkpoints):
                         kv_cache_memory_bytes=1 << 26,
                         additional_config={"decoding": "wedlm", "window_size": 16}).create_engine_config()
     assert config.scheduler_config.scheduler_cls == "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
-    assert config.parallel_config.worker_cls.startswith("vllm_wedlm.adapter.worker.WeDLM")
+    assert config.parallel_config.worker_cls == "vllm_wedlm.adapter.cpu_worker.WeDLMCPUWorker"
     assert config.scheduler_config.async_scheduling is False
     assert config.scheduler_config.max_num_seqs * 32 <= config.scheduler_config.max_num_batched_tokens
     assert not config.use_v2_model_runner

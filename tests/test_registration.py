@@ -83,3 +83,15 @@ import vllm_wedlm
 print(json.dumps(sorted(m for m in ("vllm", "torch", "transformers") if m in sys.modules)))
 """)
     assert result == []
+
+
+def test_gpu_worker_leaves_torch_cuda_alone():
+    # vLLM's CPU worker modules replace torch.cuda.Event/Stream with no-ops when imported; a GPU
+    # engine that imported them lost torch.compile's autotuning. The GPU worker must not.
+    result = run_python("""
+import json, torch
+originals = (torch.Event, torch.cuda.Event, torch.cuda.Stream)
+import vllm_wedlm.adapter.gpu_worker
+print(json.dumps((torch.Event, torch.cuda.Event, torch.cuda.Stream) == originals))
+""")
+    assert result is True

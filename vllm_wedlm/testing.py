@@ -34,6 +34,11 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"max_model_len": 512, "seed": 0}
     if on_gpu():
         kwargs.update(gpu_memory_utilization=0.3)
+        if overrides.get("dtype") == "float32":
+            # vLLM's default float32 attention on CUDA (TRITON_ATTN) multiplies in TF32 (Triton's
+            # tl.dot default), 1e-3 off in log-probs; FlexAttention follows torch's float32
+            # precision ("highest" in vLLM workers), so float32 parity checks stay exact.
+            kwargs.update(attention_backend="FLEX_ATTENTION")
     else:
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
     kwargs.update(overrides)

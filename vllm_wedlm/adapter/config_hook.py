@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.wedlm")
 
 SCHEDULER_CLS = "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
-WORKER_CLS = {"cpu": "vllm_wedlm.adapter.worker.WeDLMCPUWorker", "cuda": "vllm_wedlm.adapter.worker.WeDLMGPUWorker"}
+WORKER_CLS = {
+    "cpu": "vllm_wedlm.adapter.cpu_worker.WeDLMCPUWorker",
+    "cuda": "vllm_wedlm.adapter.gpu_worker.WeDLMGPUWorker",
+}
 
 
 class WeDLMConfigHook(VerifyAndUpdateConfig):

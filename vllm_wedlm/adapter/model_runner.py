@@ -1,4 +1,4 @@
-"""vLLM's V1 model runner running WeDLM windows (CPU and GPU).
+"""The WeDLM overrides of vLLM's V1 model runner, shared by the CPU and GPU workers.
 
 Per step and request, the scheduler hands over either a prefill chunk or a window (its "draft"
 tokens, in the physical order this runner planned). The overrides, in the order vLLM calls them:
@@ -19,8 +19,6 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.config import WeDLMSettings
@@ -170,15 +168,3 @@ class WeDLMRunnerMixin:
             values = {f.name: getattr(output, f.name) for f in fields(output)}
             output = WeDLMRunnerOutput(**values, next_windows=self._wedlm_next_windows)
         return output
-
-
-class WeDLMGPUModelRunner(WeDLMRunnerMixin, GPUModelRunner):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_wedlm()
-
-
-class WeDLMCPUModelRunner(WeDLMRunnerMixin, CPUModelRunner):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_wedlm()

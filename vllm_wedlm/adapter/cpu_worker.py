@@ -1,0 +1,25 @@
+"""The WeDLM worker for the CPU: vLLM's CPU worker with the WeDLM runner.
+
+Only a CPU engine may import this module (see gpu_worker.py for why).
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin
+
+
+class WeDLMCPUModelRunner(WeDLMRunnerMixin, CPUModelRunner):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_wedlm()
+
+
+class WeDLMCPUWorker(CPUWorker):
+    def init_device(self):
+        super().init_device()
+        # The stock runner holds no model yet (weights load later); replace it before that.
+        self.model_runner = WeDLMCPUModelRunner(self.vllm_config, torch.device("cpu"))
