@@ -42,9 +42,9 @@ def greedy(max_tokens, **extra):
 
 def test_committed_kv_is_reused_by_prefix_caching(llm, sharp):
     """Invariant 2: a request whose prompt is an earlier prompt plus its WeDLM output reuses the
-    KV that WeDLM committed (cache hits past the first prompt) and decodes exactly as a full
-    recompute (the reference, i.e. no caching at all) does."""
-    _, reference = sharp
+    KV that WeDLM committed (cache hits past the first prompt) and decodes exactly as the same
+    engine with prefix caching off, and as a full recompute (the reference)."""
+    path, reference = sharp
     first = llm.generate(["The quiet river reads the number and the lamp holds"], greedy(64), use_tqdm=False)[0]
     prompt = list(first.prompt_token_ids) + list(first.outputs[0].token_ids)
     second = llm.generate([{"prompt_token_ids": prompt}], greedy(24), use_tqdm=False)[0]
@@ -52,6 +52,11 @@ def test_committed_kv_is_reused_by_prefix_caching(llm, sharp):
     assert block == 16
     assert second.num_cached_tokens >= ((len(prompt) - 1) // block) * block  # every full block
     assert second.num_cached_tokens > len(first.prompt_token_ids)  # hits inside WeDLM's output
+    with running_llm(path, dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,
+                     enable_prefix_caching=False, block_size=16) as uncached_engine:
+        uncached = uncached_engine.generate([{"prompt_token_ids": prompt}], greedy(24), use_tqdm=False)[0]
+    assert not uncached.num_cached_tokens
+    assert list(second.outputs[0].token_ids) == list(uncached.outputs[0].token_ids)
     expected = reference.generate(prompt, StopRule(max_tokens=24), WeDLMParams())
     assert list(second.outputs[0].token_ids) == expected.token_ids
 
