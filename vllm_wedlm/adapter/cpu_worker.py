@@ -23,3 +23,7 @@ class WeDLMCPUWorker(CPUWorker):
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMCPUModelRunner(self.vllm_config, torch.device("cpu"))
+
+    def wedlm_request_forwards(self) -> int:
+        """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
+        return self.model_runner.wedlm_request_forwards

@@ -24,3 +24,7 @@ class WeDLMGPUWorker(Worker):
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMGPUModelRunner(self.vllm_config, self.device)
+
+    def wedlm_request_forwards(self) -> int:
+        """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
+        return self.model_runner.wedlm_request_forwards

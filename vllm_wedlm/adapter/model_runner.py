@@ -57,6 +57,9 @@ class WeDLMRunnerMixin:
         self.wedlm_requests: dict[str, RequestWindow] = {}
         self._wedlm_rows: list[RowStep] = []
         self._wedlm_next_windows: dict[str, list[int]] = {}
+        # Windows forwarded since start-up (one per request per step), for tokens-per-forward
+        # measurements over a chosen set of requests (``LLM.collective_rpc``, see the workers).
+        self.wedlm_request_forwards = 0
 
     def _update_states(self, scheduler_output):
         cached = scheduler_output.scheduled_cached_reqs
@@ -136,6 +139,7 @@ class WeDLMRunnerMixin:
             seg = slice(offset, offset + count)
             offset += count
             if step.is_window:
+                self.wedlm_request_forwards += 1
                 plan = state.plan
                 committed.append(plan.committed.tolist())
                 window = finish_step(plan, entropy[seg], tokens[seg], state.params)

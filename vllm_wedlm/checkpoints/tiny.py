@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedModel
 
 from vllm_wedlm.checkpoints.corpus import corpus
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
@@ -53,15 +55,28 @@ class TinySpec:
 
 def train_tokenizer(seed: int, vocab_target: int) -> Tokenizer:
     """A byte-level BPE tokenizer (as Qwen's) trained on the deterministic corpus."""
+    return train_bpe_tokenizer(corpus(seed), vocab_target)
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_target: int, split_digits: bool = False) -> Tokenizer:
+    """A byte-level BPE tokenizer with WeDLM's special tokens, trained on ``texts``.
+
+    ``split_digits`` makes every digit its own token, as Qwen's tokenizer does: numbers then
+    share one small set of embeddings, which small models learn arithmetic from far faster.
+    """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_target,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus(seed), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     return tokenizer
 
@@ -110,17 +125,38 @@ def published_config(spec: TinySpec, vocab_size: int, ids: dict[str, int]) -> di
 
 
 def make_tiny_checkpoint(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
-    """Write a complete tiny WeDLM checkpoint into ``out_dir`` and return its path."""
+    """Write a complete tiny WeDLM checkpoint with random weights into ``out_dir``; return its path."""
+    return write_checkpoint(out_dir, train_tokenizer(spec.seed, spec.vocab_target), spec)
+
+
+def config_for(spec: TinySpec, tokenizer: Tokenizer) -> dict:
+    """The published-format config.json of a model with ``spec``'s shapes and this tokenizer."""
     if spec.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {spec.variant!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    tokenizer = train_tokenizer(spec.seed, spec.vocab_target)
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # padded rows, like Qwen's 151936
-    config = published_config(spec, vocab_size, ids)
+    return published_config(spec, vocab_size, ids)
 
+
+def random_model(spec: TinySpec, config: dict) -> PreTrainedModel:
+    """transformers' Qwen model for ``config``, initialised from ``spec.seed`` (float32)."""
+    torch.manual_seed(spec.seed)
+    model = model_for(WeDLMConfig(**{k: v for k, v in config.items() if k != "auto_map"}))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(spec.logit_scale)
+    return model
+
+
+def write_checkpoint(
+    out_dir: str | Path, tokenizer: Tokenizer, spec: TinySpec, model: PreTrainedModel | None = None
+) -> Path:
+    """Write tokenizer, configs and weights (``model``'s, or random ones) in the WeDLM format."""
+    out = Path(out_dir)
+    config = config_for(spec, tokenizer)
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    if model is None:
+        model = random_model(spec, config)
+    out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -138,13 +174,8 @@ def make_tiny_checkpoint(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Pa
         "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
         "pad_token_id": ids["<|endoftext|>"],
     })
-
-    torch.manual_seed(spec.seed)
-    model = model_for(WeDLMConfig(**{k: v for k, v in config.items() if k != "auto_map"}))
-    with torch.no_grad():
-        model.lm_head.weight.mul_(spec.logit_scale)
     dtype = getattr(torch, spec.dtype)
-    state = {name: t.detach().to(dtype).contiguous() for name, t in model.state_dict().items()}
+    state = {name: t.detach().to("cpu", dtype).contiguous() for name, t in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "tiny_spec.json", asdict(spec))
     return out

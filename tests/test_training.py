@@ -1,0 +1,150 @@
+"""The training module against its specification (research/wedlm.md section 5), on small cases."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_wedlm.checkpoints.tiny import TinySpec, config_for, random_model, train_bpe_tokenizer
+from vllm_wedlm.training.masking import IGNORE, dual_stream_attention_mask, dual_stream_sample, mask_blocks
+from vllm_wedlm.training.objective import collate, wedlm_losses
+from vllm_wedlm.training.recipes import RECIPES
+from vllm_wedlm.training.tasks import KINDS, final_answer, generate, mixture
+from vllm_wedlm.training.train import Vocabulary, chat_prompt, tokenize, train
+
+MASK = 99
+
+
+def test_attention_mask_by_hand():
+    # L = 4 tokens, blocks of 2: memory 0..3 (blocks 0 0 1 1), prediction 4..7 (blocks 0 0 1 1).
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],  # memory stays plain causal across blocks
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0, 0],  # prediction block 0: no earlier memory, itself causally
+        [0, 0, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 0, 0, 1, 0],  # prediction block 1: memory block 0, not its own memory
+        [1, 1, 0, 0, 0, 0, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(dual_stream_attention_mask(4, 2), expected)
+
+
+def test_masking_by_hand():
+    ids = torch.tensor([10, 11, 12, 13, 14, 15, 16])
+    maskable = torch.tensor([False, False, True, True, True, True, True])  # two prompt tokens
+    generator = torch.Generator().manual_seed(0)
+    # gamma 1 masks every maskable token of block 0 (only 12); gamma 0.5 masks 2 of block 1's 4;
+    # the last block (16 alone) gets gamma 1e-8, clamped up from 0, so nothing.
+    tokens, positions, targets, weights = mask_blocks(
+        ids, maskable, 3, MASK, generator, gammas=torch.tensor([1.0, 0.5, 0.0])
+    )
+    assert tokens[:3].tolist() == [10, 11, MASK] and positions[:3].tolist() == [0, 1, 2]
+    assert targets[:3].tolist() == [IGNORE, IGNORE, 12] and weights[:3].tolist() == [0.0, 0.0, 1.0]
+    block = slice(3, 6)
+    masked = tokens[block] == MASK
+    assert masked.tolist() == [False, True, True]  # one observed, then the two masks
+    assert sorted(positions[block].tolist()) == [3, 4, 5]
+    assert positions[4] < positions[5]
+    assert tokens[3] == ids[positions[3]]  # the observed token keeps its id and its position
+    assert targets[block][masked].tolist() == ids[positions[block][masked]].tolist()
+    assert weights[block].tolist() == [0.0, 2.0, 2.0]  # 1 / gamma
+    assert tokens[6:].tolist() == [16] and targets[6:].tolist() == [IGNORE]
+
+
+def test_prompt_tokens_are_never_masked():
+    ids = torch.arange(40, 80)
+    maskable = torch.arange(40) >= 25
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        tokens, positions, _, _ = mask_blocks(ids, maskable, 8, MASK, generator, gammas=torch.ones(5))
+        assert (tokens[positions < 25] != MASK).all()
+        assert (tokens[positions >= 25] == MASK).all()
+
+
+def test_dual_stream_sample_layout():
+    ids = torch.tensor([5, 6, 7, 8])
+    maskable = torch.tensor([False, True, True, True])
+    sample = dual_stream_sample(ids, maskable, 2, MASK, torch.Generator().manual_seed(0))
+    assert sample.input_ids[:4].tolist() == [5, 6, 7, 8]  # memory stream: clean, in order
+    assert sample.position_ids[:4].tolist() == [0, 1, 2, 3]
+    assert sorted(sample.position_ids[4:].tolist()) == [0, 1, 2, 3]
+    # AR loss: memory row i predicts token i+1 when it is a response token (not the prompt).
+    assert sample.ar_targets.tolist() == [6, 7, 8, IGNORE] + [IGNORE] * 4
+    assert (sample.mlm_targets[:4] == IGNORE).all()
+
+
+def test_prediction_rows_see_what_an_inference_window_sees():
+    """The dual-stream forward of a mask row equals a plain causal forward over [clean prefix of
+    the earlier blocks] + [the reordered block], the sequence the engine forwards at inference."""
+    spec = TinySpec(variant="qwen3", vocab_target=300, num_hidden_layers=2)
+    tokenizer = train_bpe_tokenizer(["1, 2, 3, 4, 5, 6, 7, 8, 9."] * 50, 300)
+    model = random_model(spec, config_for(spec, tokenizer)).eval()
+    mask_id, block = tokenizer.token_to_id("<|mask|>"), 4
+    ids = torch.randint(0, 250, (11,))
+    maskable = torch.arange(11) >= 2
+    batch = collate([(ids, maskable)], block_size=block, mask_token_id=mask_id, pad_token_id=0,
+                    generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             attention_mask=batch.attention_mask).last_hidden_state[0]
+        for start in range(0, 11, block):
+            width = min(block, 11 - start)
+            rows = slice(11 + start, 11 + start + width)  # this block in the prediction stream
+            window_ids = torch.cat([ids[:start], batch.input_ids[0, rows]])
+            window_pos = torch.cat([torch.arange(start), batch.position_ids[0, rows]])
+            plain = model.model(input_ids=window_ids[None], position_ids=window_pos[None]).last_hidden_state[0]
+            torch.testing.assert_close(hidden[rows], plain[start:], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_changes_nothing():
+    """Real rows of a padded sample equal a forward of the same sample with the padding cut out."""
+    spec = TinySpec(variant="qwen2", vocab_target=300)
+    tokenizer = train_bpe_tokenizer(["a b c d e f g"] * 50, 300)
+    model = random_model(spec, config_for(spec, tokenizer)).eval()
+    pad_id = tokenizer.token_to_id("<|endoftext|>")
+    short = (torch.randint(0, 250, (7,)), torch.arange(7) >= 2)
+    long = (torch.randint(0, 250, (13,)), torch.arange(13) >= 3)
+    batch = collate([short, long], block_size=4, mask_token_id=tokenizer.token_to_id("<|mask|>"),
+                    pad_token_id=pad_id, generator=torch.Generator().manual_seed(5))
+    real = torch.cat([torch.arange(13) < 7, batch.position_ids[0, 13:] < 7])  # [26] the short sample's rows
+    assert (batch.input_ids[0, ~real] == pad_id).all() and (batch.mlm_targets[0, ~real] == IGNORE).all()
+    with torch.no_grad():
+        padded = model.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             attention_mask=batch.attention_mask).last_hidden_state[0]
+        cut = model.model(input_ids=batch.input_ids[0, real][None], position_ids=batch.position_ids[0, real][None],
+                          attention_mask=batch.attention_mask[0, 0][real][:, real][None, None]).last_hidden_state[0]
+    torch.testing.assert_close(padded[real], cut, atol=1e-5, rtol=1e-5)
+
+
+def test_tasks_are_deterministic_disjoint_and_verifiable():
+    for kind in KINDS:
+        train_tasks, test_tasks = generate(kind, "train", 60), generate(kind, "test", 20)
+        assert train_tasks == generate(kind, "train", 60)
+        assert len(test_tasks) == 20
+        assert not {t.prompt for t in train_tasks} & {t.prompt for t in test_tasks}
+    for task in generate("arithmetic", "test", 50):
+        assert final_answer(task.response) == task.answer
+        assert int(task.answer) >= 0
+
+
+def test_a_short_training_run_lowers_both_losses():
+    recipe = RECIPES["micro"].with_overrides(steps=40, batch_size=8, warmup_steps=5)
+    tasks = mixture({"counting": 100, "arithmetic": 100}, "train")
+    tokenizer = train_bpe_tokenizer([chat_prompt(t) + t.response for t in tasks], 400, split_digits=True)
+    vocab = Vocabulary(
+        encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+        mask_token_id=tokenizer.token_to_id("<|mask|>"),
+        pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
+        im_end_id=tokenizer.token_to_id("<|im_end|>"),
+    )
+    samples = [tokenize(t, vocab, recipe) for t in tasks]
+    model = random_model(recipe.model, config_for(recipe.model, tokenizer))
+    history = train(model, samples, vocab, recipe, device=torch.device("cpu"), log=lambda line: None, log_every=10)
+    first, last = history[0], history[-1]
+    assert last["mlm"] < 0.8 * first["mlm"] and last["ar"] < 0.8 * first["ar"], history
+    # And the loss of a fresh batch agrees: the model learned, not just the batches it saw.
+    batch = collate(samples[:8], block_size=32, mask_token_id=vocab.mask_token_id,
+                    pad_token_id=vocab.pad_token_id, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        losses = wedlm_losses(model.eval(), batch)
+    assert losses.ar.item() < 0.8 * first["ar"] and losses.mlm.item() < 0.8 * first["mlm"]

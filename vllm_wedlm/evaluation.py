@@ -1,0 +1,120 @@
+"""Held-out task accuracy and tokens per forward of a WeDLM checkpoint, AR vs WeDLM, in vLLM.
+
+    python -m vllm_wedlm.evaluation MODEL_DIR --per-kind 50 --json results.json
+
+Each decoding mode gets its own engine (same settings otherwise); each task kind is generated as
+one batch, greedy. Tokens per forward (TPF) = output tokens / windows forwarded for those
+requests, read from the WeDLM workers; AR makes one token per forward by construction.
+Accuracy: arithmetic compares the final ``The answer is N.``; counting must match exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from vllm_wedlm.training.tasks import KINDS, Task, final_answer, generate
+
+SCORED_KINDS = ("counting", "arithmetic")
+
+
+def is_correct(task: Task, text: str) -> bool | None:
+    """Whether an answer is right, for kinds with a verifiable answer; None otherwise."""
+    if task.kind == "arithmetic":
+        return final_answer(text) == task.answer
+    if task.kind == "counting":
+        return text.strip() == task.response
+    return None
+
+
+def evaluate_mode(
+    model: str,
+    decoding: str,
+    tasks: dict[str, list[Task]],
+    *,
+    max_tokens: int = 256,
+    window_size: int | None = None,
+    entropy_threshold: float | None = None,
+    engine_overrides: dict[str, Any] | None = None,
+) -> dict[str, dict]:
+    """Per task kind: requests, output tokens, seconds, TPF (WeDLM) and accuracy (scored kinds)."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_wedlm.testing import engine_kwargs
+
+    settings: dict[str, Any] = {"decoding": decoding}
+    if window_size is not None:
+        settings["window_size"] = window_size
+    if entropy_threshold is not None:
+        settings["entropy_threshold"] = entropy_threshold
+    llm = LLM(model, additional_config=settings, **engine_kwargs(**(engine_overrides or {})))
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    results = {}
+    try:
+        for kind, kind_tasks in tasks.items():
+            prompts = [
+                tokenizer.apply_chat_template(t.messages(with_response=False), add_generation_prompt=True, tokenize=False)
+                for t in kind_tasks
+            ]
+            before = _request_forwards(llm, decoding)
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            forwards = _request_forwards(llm, decoding) - before
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            verdicts = [is_correct(t, o.outputs[0].text) for t, o in zip(kind_tasks, outputs)]
+            entry = {"requests": len(outputs), "output_tokens": tokens, "seconds": round(seconds, 3)}
+            entry["tokens_per_forward"] = tokens / forwards if decoding == "wedlm" else 1.0
+            if kind in SCORED_KINDS:
+                entry["accuracy"] = sum(bool(v) for v in verdicts) / len(verdicts)
+            entry["samples"] = [o.outputs[0].text for o in outputs[:2]]
+            results[kind] = entry
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return results
+
+
+def _request_forwards(llm, decoding: str) -> int:
+    return sum(llm.collective_rpc("wedlm_request_forwards")) if decoding == "wedlm" else 0
+
+
+def held_out_tasks(per_kind: int, kinds: tuple[str, ...] = KINDS, seed: int = 0) -> dict[str, list[Task]]:
+    return {kind: generate(kind, "test", per_kind, seed) for kind in kinds}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Held-out accuracy and tokens per forward, AR vs WeDLM, in vLLM.")
+    parser.add_argument("model")
+    parser.add_argument("--per-kind", type=int, default=50, help="held-out tasks per kind")
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--modes", default="ar,wedlm")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--window-size", type=int)
+    parser.add_argument("--entropy-threshold", type=float)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")))
+    report = {"model": args.model, "per_kind": args.per_kind, "modes": {}}
+    for mode in args.modes.split(","):
+        report["modes"][mode] = evaluate_mode(
+            args.model, mode, tasks, max_tokens=args.max_tokens,
+            window_size=args.window_size, entropy_threshold=args.entropy_threshold,
+        )
+    for kind in tasks:
+        cells = []
+        for mode, results in report["modes"].items():
+            entry = results[kind]
+            accuracy = f", accuracy {entry['accuracy']:.2f}" if "accuracy" in entry else ""
+            cells.append(f"{mode}: TPF {entry['tokens_per_forward']:.2f}{accuracy}")
+        print(f"{kind:>10}  " + "  |  ".join(cells), file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

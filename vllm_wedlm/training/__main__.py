@@ -1,0 +1,3 @@
+from vllm_wedlm.training.train import main
+
+main()

@@ -1,0 +1,94 @@
+"""Batches of dual-stream samples and WeDLM's training loss on a transformers Qwen model.
+
+The model is transformers' own Qwen2/Qwen3 causal LM run with an explicit 4-D boolean attention
+mask (its SDPA path hands it to ``torch.nn.functional.scaled_dot_product_attention`` unchanged)
+and explicit logical ``position_ids``; nothing of the layer stack is re-implemented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_wedlm.training.masking import IGNORE, dual_stream_attention_mask, dual_stream_sample
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor  # [N, 2L] long
+    position_ids: torch.Tensor  # [N, 2L] long
+    attention_mask: torch.Tensor  # [N, 1, 2L, 2L] bool, True = may attend
+    mlm_targets: torch.Tensor  # [N, 2L] long, IGNORE where no MLM loss
+    mlm_weights: torch.Tensor  # [N, 2L] float
+    ar_targets: torch.Tensor  # [N, 2L] long, IGNORE where no AR loss
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Losses:
+    total: torch.Tensor  # scalar, (mlm + w * ar) / (1 + w)
+    mlm: torch.Tensor  # scalar, 1/gamma-weighted CE of masked prediction rows (same position)
+    ar: torch.Tensor  # scalar, next-token CE of the memory stream
+
+
+def collate(
+    samples: list[tuple[torch.Tensor, torch.Tensor]],  # (ids [L_i] long, maskable [L_i] bool)
+    *,
+    block_size: int,
+    mask_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator,
+) -> Batch:
+    """Pad the samples to one length L, mask them, and build their attention masks.
+
+    Padding sits at the end of each sample, is never masked and carries no loss; no query may
+    attend to a padding key (each row keeps its own diagonal, so no row is empty).
+    """
+    length = max(ids.numel() for ids, _ in samples)
+    shared = dual_stream_attention_mask(length, block_size)  # [2L, 2L]
+    rows, masks = [], []
+    for ids, maskable in samples:
+        pad = length - ids.numel()
+        ids = torch.cat([ids, torch.full((pad,), pad_token_id, dtype=ids.dtype)])
+        maskable = torch.cat([maskable, torch.zeros(pad, dtype=torch.bool)])
+        sample = dual_stream_sample(ids, maskable, block_size, mask_token_id, generator)
+        real = torch.arange(length) < length - pad  # [L]
+        # Physical index -> is it a real token: the memory stream is in logical order, the
+        # prediction stream's logical positions are in position_ids.
+        key_real = torch.cat([real, real[sample.position_ids[length:]]])  # [2L]
+        masks.append((shared & key_real[None, :]) | torch.eye(2 * length, dtype=torch.bool))
+        rows.append(sample)
+    stack = lambda name: torch.stack([getattr(s, name) for s in rows])  # noqa: E731
+    return Batch(
+        input_ids=stack("input_ids"),
+        position_ids=stack("position_ids"),
+        attention_mask=torch.stack(masks)[:, None],
+        mlm_targets=stack("mlm_targets"),
+        mlm_weights=stack("mlm_weights"),
+        ar_targets=stack("ar_targets"),
+    )
+
+
+def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0) -> Losses:
+    """Forward the batch and compute WeDLM's loss; the LM head runs on loss rows only."""
+    hidden = model.model(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        attention_mask=batch.attention_mask,
+        use_cache=False,
+    ).last_hidden_state  # [N, 2L, hidden]
+    mlm_rows = batch.mlm_targets != IGNORE  # [N, 2L]
+    mlm_ce = F.cross_entropy(
+        model.lm_head(hidden[mlm_rows]).float(), batch.mlm_targets[mlm_rows], reduction="none"
+    )  # [num_masked]
+    weights = batch.mlm_weights[mlm_rows]
+    mlm = (mlm_ce * weights).sum() / weights.sum().clamp(min=1e-12)
+    ar_rows = batch.ar_targets != IGNORE
+    ar = F.cross_entropy(model.lm_head(hidden[ar_rows]).float(), batch.ar_targets[ar_rows])
+    if not mlm_rows.any():  # a batch where every gamma rounded to zero masks
+        mlm = ar.new_zeros(())
+    return Losses(total=(mlm + ar_weight * ar) / (1 + ar_weight), mlm=mlm, ar=ar)
