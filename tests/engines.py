@@ -7,6 +7,8 @@ import gc
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from vllm_wedlm.testing import engine_kwargs
 
 
@@ -22,3 +24,18 @@ def running_llm(model: Path, **overrides) -> Iterator:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def vllm_prompt_logprobs(llm, prompt: str) -> tuple[list[int], torch.Tensor]:
+    """Prompt token ids and vLLM's full-vocabulary log-probs of each next token, [len-1, vocab]."""
+    from vllm import SamplingParams
+
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)[0]
+    rows = []
+    for position in out.prompt_logprobs[1:]:  # entry 0 is None: nothing predicts the first token
+        row = torch.full((vocab,), float("nan"))
+        for token_id, logprob in position.items():
+            row[token_id] = logprob.logprob
+        rows.append(row)
+    return list(out.prompt_token_ids), torch.stack(rows)

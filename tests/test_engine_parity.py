@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines import running_llm
+from engines import running_llm, vllm_prompt_logprobs
 from vllm_wedlm.models.transformers_body import load_transformers_model
 
 LOGPROB_ATOL = 1e-4
@@ -36,21 +36,6 @@ def engine_and_reference(tiny_checkpoints, variant):
     reference = load_transformers_model(path, dtype=torch.float32)
     with running_llm(path, dtype="float32", max_logprobs=-1) as llm:
         yield llm, reference
-
-
-def vllm_prompt_logprobs(llm, prompt: str) -> tuple[list[int], torch.Tensor]:
-    """Prompt token ids and vLLM's full-vocabulary log-probs of each next token, [len-1, vocab]."""
-    from vllm import SamplingParams
-
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    out = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)[0]
-    rows = []
-    for position in out.prompt_logprobs[1:]:  # entry 0 is None: nothing predicts the first token
-        row = torch.full((vocab,), float("nan"))
-        for token_id, logprob in position.items():
-            row[token_id] = logprob.logprob
-        rows.append(row)
-    return list(out.prompt_token_ids), torch.stack(rows)
 
 
 def test_logprobs_match_transformers(engine_and_reference):

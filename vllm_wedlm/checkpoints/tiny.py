@@ -58,7 +58,9 @@ def train_tokenizer(seed: int, vocab_target: int) -> Tokenizer:
     return train_bpe_tokenizer(corpus(seed), vocab_target)
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_target: int, split_digits: bool = False) -> Tokenizer:
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_target: int, split_digits: bool = False, special_tokens: Iterable[str] = SPECIAL_TOKENS
+) -> Tokenizer:
     """A byte-level BPE tokenizer with WeDLM's special tokens, trained on ``texts``.
 
     ``split_digits`` makes every digit its own token, as Qwen's tokenizer does: numbers then
@@ -77,7 +79,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_target: int, split_digits: b
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.add_special_tokens(list(special_tokens))
     return tokenizer
 
 
