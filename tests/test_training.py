@@ -131,12 +131,7 @@ def test_a_short_training_run_lowers_both_losses():
     recipe = RECIPES["micro"].with_overrides(steps=40, batch_size=8, warmup_steps=5)
     tasks = mixture({"counting": 100, "arithmetic": 100}, "train")
     tokenizer = train_bpe_tokenizer([chat_prompt(t) + t.response for t in tasks], 400, split_digits=True)
-    vocab = Vocabulary(
-        encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-        mask_token_id=tokenizer.token_to_id("<|mask|>"),
-        pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
-        im_end_id=tokenizer.token_to_id("<|im_end|>"),
-    )
+    vocab = Vocabulary.of_tokenizer(tokenizer)
     samples = [tokenize(t, vocab, recipe) for t in tasks]
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
     history = train(model, samples, vocab, recipe, device=torch.device("cpu"), log=lambda line: None, log_every=10)

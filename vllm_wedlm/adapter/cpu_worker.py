@@ -9,21 +9,15 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin
+from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin, WeDLMWorkerMixin
 
 
 class WeDLMCPUModelRunner(WeDLMRunnerMixin, CPUModelRunner):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_wedlm()
+    pass
 
 
-class WeDLMCPUWorker(CPUWorker):
+class WeDLMCPUWorker(WeDLMWorkerMixin, CPUWorker):
     def init_device(self):
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMCPUModelRunner(self.vllm_config, torch.device("cpu"))
-
-    def wedlm_request_forwards(self) -> int:
-        """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
-        return self.model_runner.wedlm_request_forwards

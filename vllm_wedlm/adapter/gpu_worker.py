@@ -10,21 +10,15 @@ from __future__ import annotations
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
-from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin
+from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin, WeDLMWorkerMixin
 
 
 class WeDLMGPUModelRunner(WeDLMRunnerMixin, GPUModelRunner):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_wedlm()
+    pass
 
 
-class WeDLMGPUWorker(Worker):
+class WeDLMGPUWorker(WeDLMWorkerMixin, Worker):
     def init_device(self):
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMGPUModelRunner(self.vllm_config, self.device)
-
-    def wedlm_request_forwards(self) -> int:
-        """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
-        return self.model_runner.wedlm_request_forwards

@@ -51,7 +51,8 @@ class RowStep:
 class WeDLMRunnerMixin:
     """The WeDLM overrides, on top of vLLM's V1 runner (``GPUModelRunner`` or its CPU subclass)."""
 
-    def _init_wedlm(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
         self.wedlm_requests: dict[str, RequestWindow] = {}
@@ -172,3 +173,11 @@ class WeDLMRunnerMixin:
             values = {f.name: getattr(output, f.name) for f in fields(output)}
             output = WeDLMRunnerOutput(**values, next_windows=self._wedlm_next_windows)
         return output
+
+
+class WeDLMWorkerMixin:
+    """What the WeDLM CPU and GPU workers add to vLLM's, callable through ``LLM.collective_rpc``."""
+
+    def wedlm_request_forwards(self) -> int:
+        """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
+        return self.model_runner.wedlm_request_forwards

@@ -131,11 +131,15 @@ def make_tiny_checkpoint(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Pa
     return write_checkpoint(out_dir, train_tokenizer(spec.seed, spec.vocab_target), spec)
 
 
+def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    return {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+
+
 def config_for(spec: TinySpec, tokenizer: Tokenizer) -> dict:
     """The published-format config.json of a model with ``spec``'s shapes and this tokenizer."""
     if spec.variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {spec.variant!r}")
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    ids = special_token_ids(tokenizer)
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # padded rows, like Qwen's 151936
     return published_config(spec, vocab_size, ids)
 
@@ -155,7 +159,7 @@ def write_checkpoint(
     """Write tokenizer, configs and weights (``model``'s, or random ones) in the WeDLM format."""
     out = Path(out_dir)
     config = config_for(spec, tokenizer)
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    ids = special_token_ids(tokenizer)
     if model is None:
         model = random_model(spec, config)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
-from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE, config_for, random_model, train_bpe_tokenizer, write_checkpoint
+from vllm_wedlm.checkpoints.tiny import config_for, random_model, train_bpe_tokenizer, write_checkpoint
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import RECIPES, Recipe
 from vllm_wedlm.training.tasks import Task, mixture
@@ -36,6 +37,16 @@ class Vocabulary:
     mask_token_id: int
     pad_token_id: int
     im_end_id: int
+
+    @classmethod
+    def of_tokenizer(cls, tokenizer: Tokenizer) -> "Vocabulary":
+        """The vocabulary of a tokenizer made by ``train_bpe_tokenizer`` (WeDLM's special tokens)."""
+        return cls(
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+            mask_token_id=tokenizer.token_to_id("<|mask|>"),
+            pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
+            im_end_id=tokenizer.token_to_id("<|im_end|>"),
+        )
 
 
 def chat_prompt(task: Task) -> str:
@@ -140,13 +151,7 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     tasks = mixture(recipe.task_counts, "train", recipe.seed)
     texts = [chat_prompt(t) + t.response + "<|im_end|>" for t in tasks]
     tokenizer = train_bpe_tokenizer(texts, recipe.vocab_target, split_digits=True)
-    tokenizer.no_padding()
-    vocab = Vocabulary(
-        encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-        mask_token_id=tokenizer.token_to_id("<|mask|>"),
-        pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
-        im_end_id=tokenizer.token_to_id("<|im_end|>"),
-    )
+    vocab = Vocabulary.of_tokenizer(tokenizer)
     samples = [s for s in (tokenize(t, vocab, recipe) for t in tasks) if s is not None]
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
     parameters = sum(p.numel() for p in model.parameters())
@@ -159,7 +164,7 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
 
 
 def _write_training_record(out: Path, recipe: Recipe, history: list[dict]) -> None:
-    record = {"recipe": asdict(recipe), "history": history, "chat_template": CHAT_TEMPLATE}
+    record = {"recipe": asdict(recipe), "history": history}
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
