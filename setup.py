@@ -35,6 +35,8 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["wedlm = vllm_wedlm:register"],
+        # Replaces vLLM's Prometheus logger (same metrics; WeDLM engines add their commit counters).
+        "vllm.stat_logger_plugins": ["wedlm = vllm_wedlm.adapter.metrics:WeDLMPrometheusStatLogger"],
         "console_scripts": ["vllm-wedlm-make-tiny = vllm_wedlm.checkpoints.tiny:main"],
     },
 )

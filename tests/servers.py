@@ -27,13 +27,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(model: Path, *args: str, log_path: Path) -> Iterator[str]:
-    """``vllm serve model *args`` until the block ends; yields the base URL (``http://host:port``)."""
+def running_server(model: Path, *args: str, log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``vllm serve model *args`` until the block ends; yields the base URL (``http://host:port``).
+
+    ``env``: extra environment variables of the server process.
+    """
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
                "--host", "127.0.0.1", "--port", str(port), "--seed", "0", *serve_args(), *args]
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(process, base, log_path)
@@ -74,6 +78,16 @@ def post(base: str, route: str, body: dict, stream: bool = False) -> requests.Re
     response = requests.post(f"{base}{route}", json={"model": model_name(base), **body}, stream=stream, timeout=300)
     assert response.status_code == 200, response.text
     return response
+
+
+def prometheus_counters(base: str, prefix: str) -> dict[str, float]:
+    """Counters of ``/metrics`` whose names start with ``prefix``, summed over their labels."""
+    totals: dict[str, float] = {}
+    for line in requests.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith(prefix):
+            name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
 
 
 def sse_events(response: requests.Response) -> list[dict]:

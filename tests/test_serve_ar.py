@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servers import model_name, post, running_server, sse_events
+from servers import model_name, post, prometheus_counters, running_server, sse_events
 from vllm_wedlm.models.transformers_body import load_transformers_model
 
 MAX_TOKENS = 12
@@ -79,3 +79,11 @@ def test_chat_completion_and_its_stream(server, reference):
     deltas = [e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]]
     assert len(deltas) > 1
     assert "".join(deltas) == choice["message"]["content"]
+
+
+def test_metrics_are_vllms_own_in_ar_mode(server):
+    base, _ = server
+    post(base, "/v1/completions", {"prompt": "1, 2", "max_tokens": 4, "temperature": 0})
+    counters = prometheus_counters(base, "vllm:")
+    assert counters["vllm:generation_tokens_total"] >= 4  # the plugin's logger keeps vLLM's metrics
+    assert not any(name.startswith("vllm:diffusion_") for name in counters)

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from conftest import build_checkpoint
-from servers import post, running_server, sse_events
+from servers import post, prometheus_counters, running_server, sse_events
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
@@ -45,7 +45,8 @@ def setup(tmp_path_factory):
         (path / name).write_text(json.dumps(config))
     log = root / "vllm-serve.log"
     with running_server(path, "--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
-                        "--wedlm-entropy-threshold", "0.4", log_path=log) as url:
+                        "--wedlm-entropy-threshold", "0.4", log_path=log,
+                        env={"VLLM_LOG_STATS_INTERVAL": "1"}) as url:
         yield url, reference, eos, log
 
 
@@ -177,3 +178,33 @@ def test_tokens_per_forward_is_logged(setup):
         time.sleep(5.5)
     assert found, "no tokens-per-forward line in the server log"
     assert max(float(x) for x in found) > 1.0
+
+
+DIFFUSION = "vllm:diffusion_num_"  # vLLM's diffusion-decoding counters, filled by WeDLM engines
+
+
+def test_tokens_per_forward_is_in_prometheus_metrics(setup):
+    import time
+
+    url, *_, log = setup
+    before = prometheus_counters(url, DIFFUSION)
+    # Fill-all windows of 8, 24 tokens: a window's tokens fill in one forward and commit in the
+    # next (their KV is then exact), so: 8 masks (commit 0), 8 filled + 8 masks (commit 8) twice,
+    # 8 filled and no masks past max_tokens (commit 8): 4 request-forwards of 8 + 16 + 16 + 8 slots.
+    completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)
+    deadline = time.monotonic() + 30
+    while True:  # the frontend records a step's stats right after handing out its outputs
+        delta = {k: v - before.get(k, 0.0) for k, v in prometheus_counters(url, DIFFUSION).items()}
+        if delta.get(f"{DIFFUSION}committed_tokens_total", 0) >= 24 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    totals = {name: value for name, value in delta.items() if name.endswith("_total")}
+    assert totals == {f"{DIFFUSION}denoising_steps_total": 4.0, f"{DIFFUSION}canvas_positions_total": 48.0,
+                      f"{DIFFUSION}committed_tokens_total": 24.0}
+    # vLLM's own stats line (every second here) would call these counts draft acceptance; the
+    # WeDLM line replaces it. Wait until vLLM has logged the interval that saw the decoding.
+    while "Avg generation throughput" not in log.read_text() and time.monotonic() < deadline + 30:
+        time.sleep(0.5)
+    text = log.read_text()
+    assert "Avg generation throughput" in text
+    assert "SpecDecoding metrics" not in text

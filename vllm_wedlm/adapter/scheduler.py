@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 
@@ -49,37 +50,39 @@ class WeDLMScheduler(Scheduler):
         self._last_log = time.monotonic()
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._count_commits(scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
                 request = self.requests.get(req_id)
                 if request is not None and not request.is_finished() and not request.is_prefill_chunk:
                     request.spec_token_ids = window
+        now = time.monotonic()
+        if self.commit_stats.request_forwards and now - self._last_log >= LOG_INTERVAL_S:
+            logger.info(self.commit_stats.line())
+            self.commit_stats, self._last_log = CommitStats(), now
         return outputs
 
-    def _count_commits(self, scheduler_output, model_runner_output) -> None:
-        # Before the base class trims tokens past a stop: count what the forward committed.
-        stats = self.commit_stats
-        for req_id, window in scheduler_output.scheduled_spec_decode_tokens.items():
-            index = model_runner_output.req_id_to_index.get(req_id)
-            if index is None or not model_runner_output.sampled_token_ids:
-                continue
-            stats.request_forwards += 1
-            stats.window_tokens += len(window)
-            stats.committed_tokens += len(model_runner_output.sampled_token_ids[index])
-        now = time.monotonic()
-        if stats.request_forwards and now - self._last_log >= LOG_INTERVAL_S:
-            logger.info(stats.line())
-            self.commit_stats, self._last_log = CommitStats(), now
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
+                                 num_invalid_spec_tokens, request_id):
+        # Called once per request whose window was forwarded, with the window's length and the
+        # count committed (before any stop trims it): one request-forward.
+        self.commit_stats.request_forwards += 1
+        self.commit_stats.window_tokens += num_draft_tokens
+        self.commit_stats.committed_tokens += num_accepted_tokens
+        if not self.log_stats:
+            return spec_decoding_stats
+        # The frontend's metrics read these as vLLM's diffusion-decoding counters (denoising
+        # steps, canvas positions, committed tokens; see adapter/metrics.py). Filled directly:
+        # SpecDecodingStats.observe_draft assumes at most num_speculative_tokens accepted, and
+        # its per-position vector means nothing here.
+        if spec_decoding_stats is None:
+            spec_decoding_stats = SpecDecodingStats.new(0)
+        spec_decoding_stats.num_drafts += 1
+        spec_decoding_stats.num_draft_tokens += num_draft_tokens
+        spec_decoding_stats.num_accepted_tokens += num_accepted_tokens
+        return spec_decoding_stats
 
     def shutdown(self) -> None:
         if self.commit_stats.request_forwards:
             logger.info(self.commit_stats.line())
         super().shutdown()
-
-    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
-                                 num_invalid_spec_tokens, request_id):
-        # vLLM's draft-acceptance statistics assume at most num_speculative_tokens accepted
-        # per step; WeDLM commits report through their own metrics instead.
-        return spec_decoding_stats
