@@ -159,9 +159,18 @@ def write_checkpoint(
     """Write tokenizer, configs and weights (``model``'s, or random ones) in the WeDLM format."""
     out = Path(out_dir)
     config = config_for(spec, tokenizer)
-    ids = special_token_ids(tokenizer)
     if model is None:
         model = random_model(spec, config)
+    write_model_files(out, tokenizer, spec, config)
+    dtype = getattr(torch, spec.dtype)
+    state = {name: t.detach().to("cpu", dtype).contiguous() for name, t in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def write_model_files(out: Path, tokenizer: Tokenizer, spec: TinySpec, config: dict) -> None:
+    """Everything of a checkpoint but its weights: enough for vLLM's ``load_format="dummy"``."""
+    ids = special_token_ids(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", {
@@ -180,11 +189,7 @@ def write_checkpoint(
         "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
         "pad_token_id": ids["<|endoftext|>"],
     })
-    dtype = getattr(torch, spec.dtype)
-    state = {name: t.detach().to("cpu", dtype).contiguous() for name, t in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "tiny_spec.json", asdict(spec))
-    return out
 
 
 def _write_json(path: Path, data: dict) -> None:

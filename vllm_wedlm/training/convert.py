@@ -91,7 +91,7 @@ def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe, device: 
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         im_end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
-    tasks = mixture(recipe.task_counts, "train", recipe.seed)
+    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
     samples = [s for s in (tokenize(t, vocab, recipe) for t in tasks) if s is not None]
     train(model, samples, vocab, recipe, device=device)
     return save_wedlm(model.to("cpu"), tokenizer, out_dir, mask_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.training.tasks import MAX_NUMBER
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class Recipe:
     name: str
     model: TinySpec  # shapes of a model trained from scratch (ignored with --from-pretrained)
     task_counts: dict[str, int] = field(default_factory=dict)  # training tasks per kind
+    max_number: int = MAX_NUMBER  # how large the numbers of counting and arithmetic tasks get
     vocab_target: int = 1000  # BPE vocabulary of a tokenizer trained from scratch
     steps: int = 600
     batch_size: int = 16

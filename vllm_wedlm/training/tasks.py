@@ -27,6 +27,7 @@ from pathlib import Path
 KINDS = ("counting", "arithmetic", "code", "prose")
 SPLITS = ("train", "test")
 TEST_SHARE = 10  # one prompt in TEST_SHARE is held out
+MAX_NUMBER = 150  # counting and arithmetic numbers stay about this small unless a recipe says otherwise
 
 _NAMES = "Ada Ben Cleo Dev Eli Fay Gus Hana Ivo Jun Kai Lea Mo Nia Oto Pia".split()
 _ITEMS = "apples pears stamps marbles books coins shells cards pens cups".split()
@@ -61,24 +62,26 @@ def final_answer(text: str) -> str | None:
     return found[-1] if found else None
 
 
-def _counting(rng: random.Random) -> Task:
+def _counting(rng: random.Random, top: int) -> Task:
+    """A counting task whose numbers stay under ``top`` (150 by default)."""
+    longest = max(4, min(30, top // 5))  # at most this many numbers to say
     style = rng.randrange(5)
     if style == 0:
-        a = rng.randint(0, 150)
-        b = a + rng.randint(4, 30)
+        a = rng.randint(0, top - longest)
+        b = a + rng.randint(4, longest)
         return Task("counting", f"Count from {a} to {b}.", ", ".join(map(str, range(a, b + 1))) + ".")
     if style == 1:
-        a = rng.randint(10, 150)
-        b = max(0, a - rng.randint(4, 30))
+        a = rng.randint(longest, top)
+        b = a - rng.randint(4, longest)
         return Task("counting", f"Count down from {a} to {b}.", ", ".join(map(str, range(a, b - 1, -1))) + ".")
     if style == 2:
-        a = 2 * rng.randint(0, 60)
-        b = a + 2 * rng.randint(4, 20)
+        a = 2 * rng.randint(0, (top - 2 * longest) // 2)
+        b = a + 2 * rng.randint(4, max(4, longest * 2 // 3))
         return Task("counting", f"List the even numbers from {a} to {b}.", ", ".join(map(str, range(a, b + 1, 2))) + ".")
     if style == 3:
-        k = rng.randint(3, 10)
-        a = rng.randint(0, 50)
-        n = rng.randint(4, 15)
+        k = rng.randint(3, max(3, min(10, top // 15)))
+        n = rng.randint(4, max(4, min(15, top // (2 * k))))
+        a = rng.randint(0, max(0, min(50, top - k * n)))
         values = [a + k * i for i in range(n)]
         return Task("counting", f"Count from {a} in steps of {k}, {n} numbers.", ", ".join(map(str, values)) + ".")
     a = rng.randint(0, 15)
@@ -87,9 +90,10 @@ def _counting(rng: random.Random) -> Task:
     return Task("counting", f"Write the alphabet from {letters[0]} to {letters[-1]}.", ", ".join(letters) + ".")
 
 
-def _arithmetic(rng: random.Random) -> Task:
+def _arithmetic(rng: random.Random, top: int) -> Task:
+    """A word problem whose numbers stay under about ``top`` (150 by default: starts up to 60, steps up to 40)."""
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    total = rng.randint(5, 60)
+    total = rng.randint(5, max(6, top * 2 // 5))
     story = [f"{name} has {total} {item}."]
     steps = [f"{name} starts with {total} {item}."]
     for _ in range(rng.randint(2, 3)):
@@ -99,7 +103,7 @@ def _arithmetic(rng: random.Random) -> Task:
             steps.append(f"{total} - {n} = {total - n}.")
             total -= n
         else:
-            n = rng.randint(2, 40)
+            n = rng.randint(2, max(3, top * 4 // 15))
             story.append(f"Then {name} {rng.choice(_GAINS).format(n=n)}.")
             steps.append(f"{total} + {n} = {total + n}.")
             total += n
@@ -158,14 +162,14 @@ def _first_paragraph(node: ast.AST) -> str | None:
     return paragraph if 80 <= len(paragraph) <= 500 else None
 
 
-def _code(rng: random.Random) -> Task:
+def _code(rng: random.Random, top: int) -> Task:
     functions, _ = _stdlib_snippets()
     name, header, body = rng.choice(functions)
     prompt = f"Complete this Python function from the {name.split('.')[0]} module:\n{header}"
     return Task("code", prompt, body)
 
 
-def _prose(rng: random.Random) -> Task:
+def _prose(rng: random.Random, top: int) -> Task:
     _, documented = _stdlib_snippets()
     name, paragraph = rng.choice(documented)
     return Task("prose", f"Explain what {name} in the Python standard library is for.", paragraph)
@@ -174,8 +178,11 @@ def _prose(rng: random.Random) -> Task:
 _MAKERS = {"counting": _counting, "arithmetic": _arithmetic, "code": _code, "prose": _prose}
 
 
-def generate(kind: str, split: str, count: int, seed: int = 0) -> list[Task]:
+def generate(kind: str, split: str, count: int, seed: int = 0, max_number: int = MAX_NUMBER) -> list[Task]:
     """``count`` distinct tasks of one kind from one split; a pure function of the arguments.
+
+    ``max_number`` bounds the numbers of counting and arithmetic tasks (a smaller model learns
+    smaller numbers sooner); the split of a prompt never depends on it.
 
     Code and prose have a fixed pool (the standard library), so they may return fewer.
     """
@@ -188,14 +195,14 @@ def generate(kind: str, split: str, count: int, seed: int = 0) -> list[Task]:
     attempts = 0
     while len(tasks) < count and attempts < 50 * count + 1000:
         attempts += 1
-        task = _MAKERS[kind](rng)
+        task = _MAKERS[kind](rng, max_number)
         if split_of(task.prompt) == split:
             tasks.setdefault(task.prompt, task)
     return list(tasks.values())
 
 
-def mixture(counts: dict[str, int], split: str, seed: int = 0) -> list[Task]:
+def mixture(counts: dict[str, int], split: str, seed: int = 0, max_number: int = MAX_NUMBER) -> list[Task]:
     """Tasks of several kinds, shuffled together deterministically."""
-    tasks = [task for kind, count in counts.items() for task in generate(kind, split, count, seed)]
+    tasks = [task for kind, count in counts.items() for task in generate(kind, split, count, seed, max_number)]
     random.Random(f"{seed}/mix/{split}").shuffle(tasks)
     return tasks

@@ -148,7 +148,7 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     """Train ``recipe`` from random weights and write a WeDLM checkpoint into ``out_dir``."""
     device = device or pick_device(None)
     torch.manual_seed(recipe.seed)
-    tasks = mixture(recipe.task_counts, "train", recipe.seed)
+    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
     texts = [chat_prompt(t) + t.response + "<|im_end|>" for t in tasks]
     tokenizer = train_bpe_tokenizer(texts, recipe.vocab_target, split_digits=True)
     vocab = Vocabulary.of_tokenizer(tokenizer)
@@ -179,11 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-number", type=int, help="bound on the numbers of counting and arithmetic tasks")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe].with_overrides(
         steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-        block_size=args.block_size, seed=args.seed,
+        block_size=args.block_size, seed=args.seed, max_number=args.max_number,
     )
     device = pick_device(args.device)
     if args.from_pretrained:

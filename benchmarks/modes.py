@@ -1,0 +1,83 @@
+"""Decoding modes of a benchmark run, and which of them can share one engine.
+
+* ``ar``: vLLM's ordinary one-token-per-forward decoding;
+* ``ngram`` or ``ngram:K``: AR plus vLLM's n-gram (prompt lookup) speculative decoding with K
+  proposed tokens (default 4): the speed-up a user can switch on without extra weights;
+* ``wedlm`` or ``wedlm:TAU``: WeDLM decoding at entropy threshold TAU (default the server's);
+  ``wedlm:inf`` fills every mask each step (whole windows commit: the engine's ceiling).
+
+All WeDLM modes share one engine (the threshold is a per-request knob); AR and each n-gram
+setting need their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD
+
+DEFAULT_NGRAM_TOKENS = 4
+FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    decoding: str  # "ar" or "wedlm"
+    ngram_tokens: int = 0  # speculative tokens of the n-gram proposer, 0 = off
+    entropy_threshold: float | None = None  # WeDLM's tau for this mode's requests, None = server default
+
+    @property
+    def engine(self) -> str:
+        """Modes with equal ``engine`` run on one engine."""
+        return f"ngram:{self.ngram_tokens}" if self.ngram_tokens else self.decoding
+
+    def additional_config(self, window_size: int) -> dict:
+        if self.decoding == "wedlm":
+            return {"decoding": "wedlm", "window_size": window_size}
+        return {"decoding": "ar"}
+
+    def speculative_config(self) -> dict | None:
+        if not self.ngram_tokens:
+            return None
+        return {"method": "ngram", "num_speculative_tokens": self.ngram_tokens,
+                "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+    def extra_args(self) -> dict | None:
+        if self.entropy_threshold is None:
+            return None
+        return {REQUEST_ENTROPY_THRESHOLD: self.entropy_threshold}
+
+
+def parse_mode(text: str) -> Mode:
+    kind, _, arg = text.strip().partition(":")
+    if kind == "ar" and not arg:
+        return Mode("ar", "ar")
+    if kind == "ngram":
+        tokens = int(arg) if arg else DEFAULT_NGRAM_TOKENS
+        if tokens < 1:
+            raise ValueError(f"ngram needs at least one speculative token: {text!r}")
+        return Mode(f"ngram:{tokens}", "ar", ngram_tokens=tokens)
+    if kind == "wedlm":
+        if not arg:
+            return Mode("wedlm", "wedlm")
+        tau = FILL_ALL if arg == "inf" else float(arg)
+        if not math.isfinite(tau) or tau < 0:
+            raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
+        return Mode(f"wedlm:{arg}", "wedlm", entropy_threshold=tau)
+    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU] or wedlm:inf")
+
+
+def parse_modes(text: str) -> list[Mode]:
+    modes = [parse_mode(part) for part in text.split(",") if part.strip()]
+    if len({m.name for m in modes}) != len(modes):
+        raise ValueError(f"a mode is listed twice: {text!r}")
+    return modes
+
+
+def by_engine(modes: list[Mode]) -> dict[str, list[Mode]]:
+    groups: dict[str, list[Mode]] = {}
+    for mode in modes:
+        groups.setdefault(mode.engine, []).append(mode)
+    return groups

@@ -1,0 +1,106 @@
+"""The engine's cost: time per decoding step of WeDLM windows vs one AR step, on random weights.
+
+A model of a real shape (default: Qwen3-8B's, WeDLM-8B's body) is built by vLLM from its config
+alone (``load_format="dummy"``: random weights, no checkpoint), so only the cost of a step is
+measured, not what a trained model would commit. Two WeDLM settings per window size W:
+
+* ``wedlm:inf``: every mask fills each step, so a window commits all W tokens per forward in
+  steady state (forwards carry W filled + W mask slots): the ceiling the engine reaches;
+* ``wedlm:0.4`` (WeDLM's default threshold): random weights are never confident, so one token
+  commits per forward (windows of 1 filled + W masks): the floor, the pure overhead of a window.
+
+A step's time is taken from two runs of different output lengths, so prefill and start-up cancel:
+``(T(n2) - T(n1)) / (steps(n2) - steps(n1))``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.modes import FILL_ALL
+from vllm_wedlm.checkpoints.tiny import TinySpec, published_config, special_token_ids, train_tokenizer, write_model_files
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD
+from vllm_wedlm.testing import engine_kwargs
+
+SHAPES = {
+    # Qwen3-8B (the body of WeDLM-8B): 36 layers, hidden 4096, GQA 32/8 heads of 128, vocab 151,936.
+    "qwen3-8b": (TinySpec(variant="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=40960), 151936),
+    "tiny": (TinySpec(variant="qwen3"), 1024),
+}
+
+
+def write_shape(out: Path, shape: str) -> Path:
+    """A weightless WeDLM checkpoint of ``shape`` (configs and a small tokenizer)."""
+    spec, vocab_size = SHAPES[shape]
+    tokenizer = train_tokenizer(spec.seed, 1000)
+    write_model_files(out, tokenizer, spec, published_config(spec, vocab_size, special_token_ids(tokenizer)))
+    return out
+
+
+def _time_run(llm, prompts: list[list[int]], max_tokens: int, tau: float | None) -> float:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=None if tau is None else {REQUEST_ENTROPY_THRESHOLD: tau})
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def _steps(llm, decoding: str, batch: int, max_tokens: int, before: int) -> tuple[float, int]:
+    """(steps per request, forwards counter now) of the run that just ended."""
+    if decoding == "ar":
+        return float(max_tokens), before
+    now = sum(llm.collective_rpc("wedlm_request_forwards"))
+    return (now - before) / batch, now
+
+
+def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
+        lengths: tuple[int, int], engine_overrides: dict[str, Any], progress) -> list[dict]:
+    from vllm import LLM
+
+    n1, n2 = lengths
+    rng = np.random.default_rng(0)
+    engines = [("ar", None)] + [("wedlm", w) for w in windows]
+    total = len(batch_sizes) * (1 + len(windows) * len(taus))
+    rows = []
+    for decoding, window in engines:
+        settings = engine_kwargs(**{"max_model_len": prompt_tokens + n2 + 2 * max(windows) + 16, **engine_overrides})
+        settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
+                        max_num_batched_tokens=max(8192, max(batch_sizes) * 2 * max(windows)),
+                        additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
+        llm = LLM(str(model), **settings)
+        try:
+            vocab = llm.llm_engine.model_config.get_vocab_size()
+            for tau_name in (["ar"] if decoding == "ar" else taus):
+                tau = None if decoding == "ar" else (FILL_ALL if tau_name == "inf" else float(tau_name))
+                for batch in batch_sizes:
+                    prompts = rng.integers(0, min(vocab, 1000), (batch, prompt_tokens)).tolist()
+                    _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
+                    counter = sum(llm.collective_rpc("wedlm_request_forwards")) if decoding == "wedlm" else 0
+                    t1 = _time_run(llm, prompts, n1, tau)
+                    s1, counter = _steps(llm, decoding, batch, n1, counter)
+                    t2 = _time_run(llm, prompts, n2, tau)
+                    s2, counter = _steps(llm, decoding, batch, n2, counter)
+                    step_s = (t2 - t1) / (s2 - s1)
+                    tokens_per_step = (n2 - n1) / (s2 - s1)
+                    row = {"mode": "ar" if decoding == "ar" else f"wedlm:{tau_name}", "window_size": window,
+                           "batch_size": batch, "prompt_tokens": prompt_tokens, "step_ms": round(step_s * 1e3, 3),
+                           "tokens_per_step": round(tokens_per_step, 3),
+                           "output_tok_s": round(batch * tokens_per_step / step_s, 1)}
+                    rows.append(row)
+                    progress(len(rows), total, row)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+    ar = {r["batch_size"]: r for r in rows if r["mode"] == "ar"}
+    for row in rows:
+        if row["batch_size"] in ar:
+            row["step_vs_ar"] = round(row["step_ms"] / ar[row["batch_size"]]["step_ms"], 3)
+            row["speedup_vs_ar"] = round(row["output_tok_s"] / ar[row["batch_size"]]["output_tok_s"], 3)
+    return rows
