@@ -67,7 +67,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", default="256", help="output token limits (output-length sweep)")
     parser.add_argument("--ignore-eos", action="store_true", help="always produce max_tokens tokens")
     parser.add_argument("--window-size", type=int, default=16, help="WeDLM's W, server-wide")
-    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, help="default: the model's own")
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--json", required=True, help="write the results here")
 
@@ -82,7 +82,7 @@ def _workloads(args, model: str) -> dict[int, dict]:
 
 
 def _engine_overrides(args) -> dict:
-    overrides = {"max_model_len": args.max_model_len}
+    overrides = {"max_model_len": args.max_model_len}  # None: the model's own
     if args.gpu_memory_utilization:
         overrides["gpu_memory_utilization"] = args.gpu_memory_utilization
     return overrides
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = offline.run(model, modes, workloads, batch_sizes=_ints(args.batch_sizes),
                                engine_overrides=_engine_overrides(args), **common)
         else:
-            extra = ["--max-model-len", str(args.max_model_len)]
+            extra = ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
             if args.gpu_memory_utilization:
                 extra += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
             rows = online.run(model, modes, workloads, concurrencies=_ints(args.concurrency), requests=args.requests,

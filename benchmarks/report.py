@@ -99,10 +99,10 @@ def _plots(record: dict, out: Path, stem: str) -> list[str]:
 
 
 def _log2(ax) -> None:
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter
 
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
 
 
 def _series(rows: list[dict], name, x: str, y: str) -> dict[str, list[tuple]]:

@@ -51,6 +51,7 @@ RECIPES = {
         # Only the two low-entropy kinds: on two CPU cores every step counts, and code and prose
         # (long, high-entropy) would take most of them without making the model confident.
         task_counts={"counting": 4000, "arithmetic": 4000},
+        max_number=40,  # numbers below ~40: at 900 steps, loss 0.21 against 0.50 with the default 150
         vocab_target=600,
         steps=900,
         max_length=128,

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from vllm_wedlm.checkpoints.tiny import config_for, random_model, train_bpe_tokenizer, write_checkpoint
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import RECIPES, Recipe
-from vllm_wedlm.training.tasks import Task, mixture
+from vllm_wedlm.training.tasks import KINDS, Task, mixture
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,16 @@ def _write_training_record(out: Path, recipe: Recipe, history: list[dict]) -> No
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+def _task_counts(text: str) -> dict[str, int]:
+    counts = {}
+    for part in text.split(","):
+        kind, _, count = part.partition("=")
+        if kind.strip() not in KINDS or not count.strip().isdigit():
+            raise SystemExit(f"--tasks: expected KIND=N with KIND in {', '.join(KINDS)}, got {part!r}")
+        counts[kind.strip()] = int(count)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Train a WeDLM model (dual-stream masking).")
     parser.add_argument("out_dir")
@@ -180,11 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-number", type=int, help="bound on the numbers of counting and arithmetic tasks")
+    parser.add_argument("--tasks", metavar="KIND=N,...", help="training tasks per kind, e.g. counting=4000,arithmetic=16000")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe].with_overrides(
         steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
         block_size=args.block_size, seed=args.seed, max_number=args.max_number,
+        task_counts=_task_counts(args.tasks) if args.tasks else None,
     )
     device = pick_device(args.device)
     if args.from_pretrained:
