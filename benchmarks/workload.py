@@ -8,11 +8,9 @@ same kind as earlier chat turns: the same question with a longer prompt (the pro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from vllm_wedlm.evaluation import is_correct
+from vllm_wedlm.evaluation import is_correct, trained_max_number  # noqa: F401  (re-exported)
 from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, generate
 
 
@@ -25,14 +23,6 @@ class Prompt:
     def score(self, answer: str) -> bool | None:
         """Whether ``answer`` is right (counting and arithmetic), else None."""
         return is_correct(self.task, answer)
-
-
-def trained_max_number(model: str) -> int:
-    """The number range a model was trained on (its training.json), else the generator's default."""
-    record = Path(model) / "training.json"
-    if record.exists():
-        return json.loads(record.read_text())["recipe"].get("max_number", MAX_NUMBER)
-    return MAX_NUMBER
 
 
 def build(tokenizer, kinds: list[str], count: int, shots: int = 0, max_number: int = MAX_NUMBER,

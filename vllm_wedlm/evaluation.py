@@ -14,9 +14,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from vllm_wedlm.training.tasks import KINDS, Task, final_answer, generate
+from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, final_answer, generate
 
 SCORED_KINDS = ("counting", "arithmetic")
 
@@ -82,8 +83,18 @@ def _request_forwards(llm, decoding: str) -> int:
     return sum(llm.collective_rpc("wedlm_request_forwards")) if decoding == "wedlm" else 0
 
 
-def held_out_tasks(per_kind: int, kinds: tuple[str, ...] = KINDS, seed: int = 0) -> dict[str, list[Task]]:
-    return {kind: generate(kind, "test", per_kind, seed) for kind in kinds}
+def trained_max_number(model: str) -> int:
+    """The number range a model was trained on (its training.json), else the generator's default:
+    held-out tasks must come from the distribution the model learned."""
+    record = Path(model) / "training.json"
+    if record.exists():
+        return json.loads(record.read_text())["recipe"].get("max_number", MAX_NUMBER)
+    return MAX_NUMBER
+
+
+def held_out_tasks(per_kind: int, kinds: tuple[str, ...] = KINDS, seed: int = 0,
+                   max_number: int = MAX_NUMBER) -> dict[str, list[Task]]:
+    return {kind: generate(kind, "test", per_kind, seed, max_number) for kind in kinds}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entropy-threshold", type=float)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")))
+    tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")), max_number=trained_max_number(args.model))
     report = {"model": args.model, "per_kind": args.per_kind, "modes": {}}
     for mode in args.modes.split(","):
         report["modes"][mode] = evaluate_mode(

@@ -49,6 +49,7 @@ class TinySpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    rope_theta: float = 1000000.0  # Qwen's; a small model on short chats learns positions faster with less
     logit_scale: float = 1.0
     dtype: str = "bfloat16"
 
@@ -112,7 +113,7 @@ def published_config(spec: TinySpec, vocab_size: int, ids: dict[str, int]) -> di
         "qk_norm": flags["qk_norm"],
         "rms_norm_eps": 1e-06,
         "rope_scaling": None,
-        "rope_theta": 1000000.0,
+        "rope_theta": spec.rope_theta,
         "sliding_window": None,
         "tie_word_embeddings": False,
         "torch_dtype": spec.dtype,
