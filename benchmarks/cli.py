@@ -12,6 +12,7 @@ from pathlib import Path
 from benchmarks import offline, online, report, step_cost, workload
 from benchmarks.modes import parse_modes
 from benchmarks.stats import add_ratios_to_ar
+from vllm_wedlm.evaluation import trained_max_number
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / ".cache" / "tiny-wedlm-qwen3-sharp"
 
@@ -77,7 +78,7 @@ def _workloads(args, model: str) -> dict[int, dict]:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     kinds = [k for k in args.kinds.split(",") if k]
-    top = workload.trained_max_number(model)
+    top = trained_max_number(model)
     return {shots: workload.build(tokenizer, kinds, args.requests, shots, top) for shots in _ints(args.shots)}
 
 

@@ -76,6 +76,12 @@ def parse_modes(text: str) -> list[Mode]:
     return modes
 
 
+def token_budget(max_batch: int, window_size: int) -> int:
+    """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows (at most
+    2W tokens each) fits one step, and AR gets the same budget."""
+    return max(8192, max_batch * 2 * window_size)
+
+
 def by_engine(modes: list[Mode]) -> dict[str, list[Mode]]:
     groups: dict[str, list[Mode]] = {}
     for mode in modes:

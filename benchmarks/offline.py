@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.modes import Mode, by_engine
+from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.stats import accuracy
 from benchmarks.workload import Prompt, take
+from vllm_wedlm.evaluation import request_forwards
 from vllm_wedlm.testing import engine_kwargs
 
 
@@ -17,7 +18,7 @@ def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dic
     settings["additional_config"] = mode.additional_config(window_size)
     settings["max_num_seqs"] = max_batch
     # Every WeDLM window (at most 2W tokens) of a full batch fits one step, whatever the mode.
-    settings.setdefault("max_num_batched_tokens", max(8192, max_batch * 2 * window_size))
+    settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
     if mode.ngram_tokens:
         settings["speculative_config"] = mode.speculative_config()
         settings["disable_log_stats"] = False  # the accepted-token counter tells forwards apart
@@ -32,7 +33,7 @@ class ForwardCounter:
 
     def snapshot(self) -> int:
         if self.mode.decoding == "wedlm":
-            return sum(self.llm.collective_rpc("wedlm_request_forwards"))  # windows forwarded
+            return request_forwards(self.llm)  # windows forwarded
         if self.mode.ngram_tokens:  # each forward yields one token plus the drafts it accepted
             return -sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens")
         return 0

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.modes import Mode, by_engine
+from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.stats import accuracy, percentiles
 from benchmarks.workload import Prompt, take
 from vllm_wedlm.server_process import prometheus_counters, running_server
@@ -36,7 +36,7 @@ class Measured:
 
 def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[str]) -> list[str]:
     args = ["--decoding", mode.decoding, "--max-num-seqs", str(max_concurrency),
-            "--max-num-batched-tokens", str(max(8192, max_concurrency * 2 * window_size))]
+            "--max-num-batched-tokens", str(token_budget(max_concurrency, window_size))]
     if mode.decoding == "wedlm":
         args += ["--wedlm-window-size", str(window_size)]
     if mode.ngram_tokens:
@@ -104,17 +104,16 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
         args = serve_args(group[0], window_size, max(concurrencies), serve_extra)
         log = log_dir / f"serve-{engine.replace(':', '-')}.log"
         with running_server(model, *args, log_path=log) as url:
-            name = model
-            warm = [_body(name, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
+            warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
             asyncio.run(_load(url, warm, max(concurrencies)))
             for mode in group:
                 for shots, kind, prompts, limit, concurrency in settings:
                     batch = take(prompts, max(requests, concurrency))
-                    bodies = [_body(name, p, mode, limit, ignore_eos) for p in batch]
+                    bodies = [_body(model, p, mode, limit, ignore_eos) for p in batch]
                     before = prometheus_counters(url, "vllm:")
                     measured, wall = asyncio.run(_load(url, bodies, concurrency))
                     tokens = sum(m.tokens for m in measured)
-                    after = _settled_counters(url, mode, before, tokens)
+                    after = _settled_counters(url, before, tokens)
                     row = {
                         "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
                         "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
@@ -139,7 +138,7 @@ def _body(model: str, prompt: Prompt, mode: Mode, max_tokens: int, ignore_eos: b
     return body
 
 
-def _settled_counters(url: str, mode: Mode, before: dict, tokens: int, timeout: float = 10.0) -> dict:
+def _settled_counters(url: str, before: dict, tokens: int, timeout: float = 10.0) -> dict:
     """The counters once the last step's stats are recorded (just after its outputs went out)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -30,7 +30,8 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from benchmarks.workload import build, take, trained_max_number
+    from benchmarks.workload import build, take
+    from vllm_wedlm.evaluation import trained_max_number
     from vllm_wedlm.testing import engine_kwargs
 
     prompts = build(AutoTokenizer.from_pretrained(args.model), [args.kind], args.batch_size, 0,

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.modes import FILL_ALL
+from benchmarks.modes import FILL_ALL, token_budget
 from vllm_wedlm.checkpoints.tiny import TinySpec, published_config, special_token_ids, train_tokenizer, write_model_files
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD
+from vllm_wedlm.evaluation import request_forwards
 from vllm_wedlm.testing import engine_kwargs
 
 SHAPES = {
@@ -56,7 +57,7 @@ def _steps(llm, decoding: str, batch: int, max_tokens: int, before: int) -> tupl
     """(steps per request, forwards counter now) of the run that just ended."""
     if decoding == "ar":
         return float(max_tokens), before
-    now = sum(llm.collective_rpc("wedlm_request_forwards"))
+    now = request_forwards(llm)
     return (now - before) / batch, now
 
 
@@ -72,7 +73,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
     for decoding, window in engines:
         settings = engine_kwargs(**{"max_model_len": prompt_tokens + n2 + 2 * max(windows) + 16, **engine_overrides})
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
-                        max_num_batched_tokens=max(8192, max(batch_sizes) * 2 * max(windows)),
+                        max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
         llm = LLM(str(model), **settings)
         try:
@@ -82,7 +83,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                 for batch in batch_sizes:
                     prompts = rng.integers(0, min(vocab, 1000), (batch, prompt_tokens)).tolist()
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
-                    counter = sum(llm.collective_rpc("wedlm_request_forwards")) if decoding == "wedlm" else 0
+                    counter = request_forwards(llm) if decoding == "wedlm" else 0
                     t1 = _time_run(llm, prompts, n1, tau)
                     s1, counter = _steps(llm, decoding, batch, n1, counter)
                     t2 = _time_run(llm, prompts, n2, tau)

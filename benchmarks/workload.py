@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_wedlm.evaluation import is_correct, trained_max_number  # noqa: F401  (re-exported)
+from vllm_wedlm.evaluation import is_correct
 from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, generate
 
 

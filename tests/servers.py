@@ -10,7 +10,6 @@ from pathlib import Path
 import requests
 
 from vllm_wedlm import server_process
-from vllm_wedlm.server_process import prometheus_counters  # noqa: F401  (re-exported for the tests)
 from vllm_wedlm.testing import serve_args
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servers import model_name, post, prometheus_counters, running_server, sse_events
+from servers import model_name, post, running_server, sse_events
 from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.server_process import prometheus_counters
 
 MAX_TOKENS = 12
 

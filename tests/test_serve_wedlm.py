@@ -14,12 +14,13 @@ import pytest
 import requests
 
 from conftest import build_checkpoint
-from servers import post, prometheus_counters, running_server, sse_events
+from servers import post, running_server, sse_events
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
+from vllm_wedlm.server_process import prometheus_counters
 
 WINDOW = 8
 FILL_ALL = {"wedlm_entropy_threshold": 1e9}  # every mask fills: whole windows commit at once

@@ -61,11 +61,11 @@ def evaluate_mode(
                 tokenizer.apply_chat_template(t.messages(with_response=False), add_generation_prompt=True, tokenize=False)
                 for t in kind_tasks
             ]
-            before = _request_forwards(llm, decoding)
+            before = request_forwards(llm) if decoding == "wedlm" else 0
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - start
-            forwards = _request_forwards(llm, decoding) - before
+            forwards = (request_forwards(llm) if decoding == "wedlm" else 0) - before
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             verdicts = [is_correct(t, o.outputs[0].text) for t, o in zip(kind_tasks, outputs)]
             entry = {"requests": len(outputs), "output_tokens": tokens, "seconds": round(seconds, 3)}
@@ -79,8 +79,9 @@ def evaluate_mode(
     return results
 
 
-def _request_forwards(llm, decoding: str) -> int:
-    return sum(llm.collective_rpc("wedlm_request_forwards")) if decoding == "wedlm" else 0
+def request_forwards(llm) -> int:
+    """Windows a WeDLM ``vllm.LLM`` has forwarded so far, summed over its workers."""
+    return sum(llm.collective_rpc("wedlm_request_forwards"))
 
 
 def trained_max_number(model: str) -> int:
