@@ -9,7 +9,7 @@ from vllm_wedlm.training.masking import IGNORE, dual_stream_attention_mask, dual
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import RECIPES
 from vllm_wedlm.training.tasks import KINDS, final_answer, generate, mixture
-from vllm_wedlm.training.train import Vocabulary, chat_prompt, tokenize, train
+from vllm_wedlm.training.train import Vocabulary, chat_prompt, tokenize, train, training_samples
 
 MASK = 99
 
@@ -143,3 +143,39 @@ def test_a_short_training_run_lowers_both_losses():
     with torch.no_grad():
         losses = wedlm_losses(model.eval(), batch)
     assert losses.ar.item() < 0.8 * first["ar"] and losses.mlm.item() < 0.8 * first["mlm"]
+
+
+def test_mlm_weightings_by_hand():
+    """inverse_gamma: sum(ce / gamma) / sum(1 / gamma) over masked rows; uniform: their plain mean."""
+    spec = TinySpec(variant="qwen3", vocab_target=300)
+    tokenizer = train_bpe_tokenizer(["a b c d e f g"] * 50, 300)
+    model = random_model(spec, config_for(spec, tokenizer)).eval()
+    ids, maskable = torch.randint(0, 250, (24,)), torch.arange(24) >= 2
+    batch = collate([(ids, maskable)], block_size=8, mask_token_id=tokenizer.token_to_id("<|mask|>"),
+                    pad_token_id=0, generator=torch.Generator().manual_seed(4))
+    rows = batch.mlm_targets != IGNORE
+    weights = batch.mlm_weights[rows]
+    assert weights.unique().numel() > 1  # blocks drew different gammas, so the two schemes differ
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             attention_mask=batch.attention_mask).last_hidden_state
+        ce = torch.nn.functional.cross_entropy(model.lm_head(hidden[rows]), batch.mlm_targets[rows], reduction="none")
+        inverse = wedlm_losses(model, batch, mlm_weighting="inverse_gamma").mlm
+        uniform = wedlm_losses(model, batch, mlm_weighting="uniform").mlm
+    torch.testing.assert_close(inverse, (ce * weights).sum() / weights.sum())
+    torch.testing.assert_close(uniform, ce.mean())
+    assert not torch.isclose(inverse, uniform)
+
+
+def test_recipes_check_the_weighting_and_oversample_repeats_chats():
+    import pytest
+
+    with pytest.raises(ValueError, match="mlm_weighting"):
+        RECIPES["micro"].with_overrides(mlm_weighting="linear")
+    recipe = RECIPES["micro"].with_overrides(oversample={"counting": 3}, max_length=128)
+    tasks = mixture({"counting": 5, "arithmetic": 5}, "train", max_number=20)
+    tokenizer = train_bpe_tokenizer([chat_prompt(t) + t.response for t in tasks], 400, split_digits=True)
+    samples = training_samples(tasks, Vocabulary.of_tokenizer(tokenizer), recipe)
+    assert len(samples) == 3 * 5 + 5
+    counted = sum(1 for ids, _ in samples for other, _ in samples if torch.equal(ids, other))
+    assert counted == 5 * 3 * 3 + 5  # each counting chat equals itself and its two copies

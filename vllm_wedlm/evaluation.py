@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--window-size", type=int)
     parser.add_argument("--entropy-threshold", type=float)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (faster start-up on a GPU)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")), max_number=trained_max_number(args.model))
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         report["modes"][mode] = evaluate_mode(
             args.model, mode, tasks, max_tokens=args.max_tokens,
             window_size=args.window_size, entropy_threshold=args.entropy_threshold,
+            engine_overrides={"enforce_eager": True} if args.enforce_eager else None,
         )
     for kind in tasks:
         cells = []

@@ -77,7 +77,7 @@ def convert(src: str | Path, out_dir: str | Path, mask_token: str = MASK_TOKEN) 
 
 def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe, device: torch.device) -> Path:
     """Fine-tune a Qwen2/Qwen3 AR model with WeDLM's objective on the task mixture; save as WeDLM."""
-    from vllm_wedlm.training.train import Vocabulary, tokenize, train
+    from vllm_wedlm.training.train import Vocabulary, train, training_samples
     from vllm_wedlm.training.tasks import mixture
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -92,7 +92,7 @@ def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe, device: 
         im_end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
     tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
-    samples = [s for s in (tokenize(t, vocab, recipe) for t in tasks) if s is not None]
+    samples = training_samples(tasks, vocab, recipe)
     train(model, samples, vocab, recipe, device=device)
     return save_wedlm(model.to("cpu"), tokenizer, out_dir, mask_id)
 

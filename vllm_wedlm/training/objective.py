@@ -73,8 +73,12 @@ def collate(
     )
 
 
-def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0) -> Losses:
-    """Forward the batch and compute WeDLM's loss; the LM head runs on loss rows only."""
+def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0, mlm_weighting: str = "inverse_gamma") -> Losses:
+    """Forward the batch and compute WeDLM's loss; the LM head runs on loss rows only.
+
+    ``mlm_weighting``: "inverse_gamma" weights each masked row by 1/gamma of its block (normalised),
+    "uniform" averages masked rows plainly.
+    """
     hidden = model.model(
         input_ids=batch.input_ids,
         position_ids=batch.position_ids,
@@ -85,7 +89,7 @@ def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0) -> Losses:
     mlm_ce = F.cross_entropy(
         model.lm_head(hidden[mlm_rows]).float(), batch.mlm_targets[mlm_rows], reduction="none"
     )  # [num_masked]
-    weights = batch.mlm_weights[mlm_rows]
+    weights = batch.mlm_weights[mlm_rows] if mlm_weighting == "inverse_gamma" else torch.ones_like(mlm_ce)
     mlm = (mlm_ce * weights).sum() / weights.sum().clamp(min=1e-12)
     ar_rows = batch.ar_targets != IGNORE
     ar = F.cross_entropy(model.lm_head(hidden[ar_rows]).float(), batch.ar_targets[ar_rows])

@@ -17,7 +17,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from vllm_wedlm.checkpoints.tiny import config_for, random_model, train_bpe_tokenizer, write_checkpoint
 from vllm_wedlm.training.objective import collate, wedlm_losses
-from vllm_wedlm.training.recipes import RECIPES, Recipe
+from vllm_wedlm.training.recipes import MLM_WEIGHTINGS, RECIPES, Recipe
 from vllm_wedlm.training.tasks import KINDS, Task, mixture
 
 
@@ -66,6 +66,16 @@ def tokenize(task: Task, vocab: Vocabulary, recipe: Recipe) -> tuple[torch.Tenso
     return ids, maskable
 
 
+def training_samples(tasks: list[Task], vocab: Vocabulary, recipe: Recipe) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The tokenised chats of one epoch, each kind repeated as ``recipe.oversample`` says."""
+    samples = []
+    for task in tasks:
+        sample = tokenize(task, vocab, recipe)
+        if sample is not None:
+            samples.extend([sample] * recipe.oversample.get(task.kind, 1))
+    return samples
+
+
 def learning_rate(recipe: Recipe, step: int) -> float:
     """Linear warm-up, then cosine decay to a tenth."""
     if step < recipe.warmup_steps:
@@ -97,7 +107,11 @@ def train(
     generator = torch.Generator().manual_seed(recipe.seed)
     order = random.Random(recipe.seed)
     queue: list[int] = []
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # bf16 autocast on a GPU, unless the recipe's model is float32 (the micro model: the GPU then
+    # trains it in the same precision as the CPU does).
+    autocast = torch.autocast(
+        device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and recipe.model.dtype != "float32"
+    )
     history, start, tokens_seen = [], time.perf_counter(), 0
     running = {"total": 0.0, "mlm": 0.0, "ar": 0.0}
     for step in range(recipe.steps):
@@ -116,7 +130,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, step)
         with autocast:
-            losses = wedlm_losses(model, batch, recipe.ar_weight)
+            losses = wedlm_losses(model, batch, recipe.ar_weight, recipe.mlm_weighting)
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -152,7 +166,7 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     texts = [chat_prompt(t) + t.response + "<|im_end|>" for t in tasks]
     tokenizer = train_bpe_tokenizer(texts, recipe.vocab_target, split_digits=True)
     vocab = Vocabulary.of_tokenizer(tokenizer)
-    samples = [s for s in (tokenize(t, vocab, recipe) for t in tasks) if s is not None]
+    samples = training_samples(tasks, vocab, recipe)
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
     parameters = sum(p.numel() for p in model.parameters())
     print(f"training {recipe.name}: {parameters / 1e6:.2f}M parameters, {len(samples)} chats, "
@@ -168,12 +182,13 @@ def _write_training_record(out: Path, recipe: Recipe, history: list[dict]) -> No
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _task_counts(text: str) -> dict[str, int]:
+def _counts_per_kind(text: str, option: str) -> dict[str, int]:
+    """``counting=4000,arithmetic=16000`` -> {"counting": 4000, "arithmetic": 16000}."""
     counts = {}
     for part in text.split(","):
         kind, _, count = part.partition("=")
         if kind.strip() not in KINDS or not count.strip().isdigit():
-            raise SystemExit(f"--tasks: expected KIND=N with KIND in {', '.join(KINDS)}, got {part!r}")
+            raise SystemExit(f"{option}: expected KIND=N with KIND in {', '.join(KINDS)}, got {part!r}")
         counts[kind.strip()] = int(count)
     return counts
 
@@ -191,13 +206,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-number", type=int, help="bound on the numbers of counting and arithmetic tasks")
     parser.add_argument("--tasks", metavar="KIND=N,...", help="training tasks per kind, e.g. counting=4000,arithmetic=16000")
+    parser.add_argument("--oversample", metavar="KIND=N,...", help="repeat each chat of a kind N times per epoch")
+    parser.add_argument("--ar-weight", type=float, help="weight w of the auxiliary AR loss: (mlm + w * ar) / (1 + w)")
+    parser.add_argument("--mlm-weighting", choices=MLM_WEIGHTINGS, help="weights of masked rows in the MLM loss")
+    parser.add_argument("--num-layers", type=int, help="layers of a model trained from scratch")
+    parser.add_argument("--hidden-size", type=int, help="width of a model trained from scratch (MLP: 3x)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     args = parser.parse_args(argv)
     recipe = RECIPES[args.recipe].with_overrides(
         steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
         block_size=args.block_size, seed=args.seed, max_number=args.max_number,
-        task_counts=_task_counts(args.tasks) if args.tasks else None,
+        task_counts=_counts_per_kind(args.tasks, "--tasks") if args.tasks else None,
+        oversample=_counts_per_kind(args.oversample, "--oversample") if args.oversample else None,
+        ar_weight=args.ar_weight, mlm_weighting=args.mlm_weighting,
     )
+    if args.num_layers or args.hidden_size:
+        model = recipe.model
+        width = args.hidden_size or model.hidden_size
+        recipe = recipe.with_overrides(model=replace(
+            model, num_hidden_layers=args.num_layers or model.num_hidden_layers,
+            hidden_size=width, intermediate_size=3 * width if args.hidden_size else model.intermediate_size,
+        ))
     device = pick_device(args.device)
     if args.from_pretrained:
         from vllm_wedlm.training.convert import train_from_pretrained
