@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vllm_wedlm.checkpoints.tiny import TinySpec, config_for, random_model, train_bpe_tokenizer
@@ -168,8 +169,6 @@ def test_mlm_weightings_by_hand():
 
 
 def test_recipes_check_the_weighting_and_oversample_repeats_chats():
-    import pytest
-
     with pytest.raises(ValueError, match="mlm_weighting"):
         RECIPES["micro"].with_overrides(mlm_weighting="linear")
     recipe = RECIPES["micro"].with_overrides(oversample={"counting": 3}, max_length=128)

@@ -89,7 +89,12 @@ def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0, mlm_weighting: str
     mlm_ce = F.cross_entropy(
         model.lm_head(hidden[mlm_rows]).float(), batch.mlm_targets[mlm_rows], reduction="none"
     )  # [num_masked]
-    weights = batch.mlm_weights[mlm_rows] if mlm_weighting == "inverse_gamma" else torch.ones_like(mlm_ce)
+    if mlm_weighting == "inverse_gamma":
+        weights = batch.mlm_weights[mlm_rows]
+    elif mlm_weighting == "uniform":
+        weights = torch.ones_like(mlm_ce)
+    else:
+        raise ValueError(f"unknown mlm_weighting {mlm_weighting!r}")
     mlm = (mlm_ce * weights).sum() / weights.sum().clamp(min=1e-12)
     ar_rows = batch.ar_targets != IGNORE
     ar = F.cross_entropy(model.lm_head(hidden[ar_rows]).float(), batch.ar_targets[ar_rows])
