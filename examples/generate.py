@@ -1,61 +1,112 @@
-"""Generate with a WeDLM checkpoint through vllm.LLM, with the plugin's decoding mode.
+"""The same WeDLM model, the same vLLM engine build: AR one token per forward vs WeDLM, side by side.
 
-With no --model, a tiny WeDLM checkpoint is made locally first (random weights with a sharpened
-output layer, so the text is gibberish but some masks are confident: the point is the whole path,
-from the published checkpoint format to parallel decoding in vLLM's engine).
+With no --model it uses the trained micro model shipped in the package
+(``vllm_wedlm/checkpoints/micro``) on held-out tasks it never saw in training: small word
+problems and counting. Each prompt is generated alone (batch 1), first with ``--decoding ar``,
+then with ``--decoding wedlm``; for each answer: whether it is right, tokens, forwards, tokens per
+forward, time; then both modes' totals and the WeDLM / AR ratio.
 
-    python examples/generate.py                              # tiny local model, --decoding wedlm
-    python examples/generate.py --decoding ar                # the same weights, one token per forward
-    python examples/generate.py --model /path/to/WeDLM-8B-Instruct --entropy-threshold 0.6
+    python examples/generate.py                                   # the shipped micro model
+    python examples/generate.py --modes wedlm --entropy-threshold 0.8
+    python examples/generate.py --model /path/to/WeDLM-8B-Instruct --prompt "Count from 1 to 30."
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
+from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.config import DECODING_MODES
+from vllm_wedlm.evaluation import held_out_tasks, is_correct, request_forwards, trained_max_number
 from vllm_wedlm.testing import engine_kwargs
+from vllm_wedlm.training.tasks import Task
 
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / ".cache" / "tiny-wedlm-qwen3-sharp"
-QUESTIONS = [
-    "Count from 1 to 20.",
-    "Ada has 12 apples and buys 30 more. How many apples does she have?",
-    "Write a Python function that doubles a number.",
-]
+MODE_NAMES = {"ar": "AR", "wedlm": "WeDLM"}
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens: int
+    forwards: int
+    seconds: float
+    correct: bool | None
+
+
+def default_tasks(model: str) -> list[Task]:
+    """Held-out tasks in the model's own number range: three word problems, two counting tasks."""
+    tasks = held_out_tasks(3, ("arithmetic", "counting"), seed=7, max_number=trained_max_number(model))
+    return tasks["arithmetic"] + tasks["counting"][:2]
+
+
+def run_mode(model: str, decoding: str, tasks: list[Task], args) -> list[Answer]:
+    """One engine in one decoding mode; each task generated alone (batch 1), greedy."""
+    from vllm import LLM, SamplingParams
+
+    settings = {"decoding": decoding, "window_size": args.window_size, "entropy_threshold": args.entropy_threshold}
+    llm = LLM(model, additional_config=settings, **engine_kwargs())
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    llm.chat([tasks[0].messages(with_response=False)], params, use_tqdm=False)  # warm-up, not timed
+    answers = []
+    try:
+        for task in tasks:
+            before = request_forwards(llm) if decoding == "wedlm" else 0
+            start = time.perf_counter()
+            out = llm.chat([task.messages(with_response=False)], params, use_tqdm=False)[0].outputs[0]
+            seconds = time.perf_counter() - start
+            tokens = len(out.token_ids)
+            forwards = request_forwards(llm) - before if decoding == "wedlm" else tokens
+            answers.append(Answer(out.text, tokens, forwards, seconds, is_correct(task, out.text) if task.kind else None))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return answers
+
+
+def verdict(answer: Answer) -> str:
+    return {True: "right", False: "WRONG", None: "     "}[answer.correct]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a WeDLM checkpoint directory (default: a tiny local one)")
-    parser.add_argument("--decoding", choices=DECODING_MODES, default="wedlm")
+    parser.add_argument("--model", default=str(MICRO_CHECKPOINT),
+                        help="a WeDLM checkpoint directory (default: the shipped micro model)")
+    parser.add_argument("--modes", default="ar,wedlm", help=f"comma-separated, of {', '.join(DECODING_MODES)}")
+    parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: held-out tasks)")
     parser.add_argument("--window-size", type=int, default=16)
     parser.add_argument("--entropy-threshold", type=float, default=0.4)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if any(mode not in DECODING_MODES for mode in modes):
+        parser.error(f"--modes: each of {', '.join(DECODING_MODES)}")
 
-    model = args.model
-    if model is None:
-        if not (DEFAULT_MODEL_DIR / "model.safetensors").exists():
-            make_tiny_checkpoint(DEFAULT_MODEL_DIR, TinySpec(variant="qwen3", logit_scale=30.0))
-        model = str(DEFAULT_MODEL_DIR)
+    tasks = [Task("", p, "") for p in args.prompt] if args.prompt else default_tasks(args.model)
+    results = {mode: run_mode(args.model, mode, tasks, args) for mode in modes}
 
-    from vllm import LLM, SamplingParams
-
-    settings = {"decoding": args.decoding, "window_size": args.window_size,
-                "entropy_threshold": args.entropy_threshold}
-    llm = LLM(model, additional_config=settings, **engine_kwargs())
-    conversations = [[{"role": "user", "content": q}] for q in QUESTIONS]
-    start = time.perf_counter()
-    outputs = llm.chat(conversations, SamplingParams(temperature=0.0, max_tokens=args.max_tokens), use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    for question, out in zip(QUESTIONS, outputs):
-        print(f"\n>>> {question}\n{out.outputs[0].text!r}  [{len(out.outputs[0].token_ids)} tokens]")
-    print(f"\nmodel {model} | decoding {args.decoding} | {num_tokens} tokens in {elapsed:.2f} s")
-    llm.llm_engine.engine_core.shutdown()  # WeDLM mode logs its tokens per forward on the way out
+    print(f"\nmodel {args.model}\nwindow {args.window_size}, entropy threshold {args.entropy_threshold}, "
+          "greedy, one request at a time\n")
+    for i, task in enumerate(tasks):
+        print(f">>> {task.prompt}" + (f"   (answer: {task.answer or task.response})" if task.kind else ""))
+        for mode in modes:
+            a = results[mode][i]
+            text = " / ".join(line.strip() for line in a.text.strip().splitlines())
+            print(f"  {MODE_NAMES[mode]:<6}{verdict(a)}  {a.tokens:3d} tokens in {a.forwards:3d} forwards "
+                  f"({a.tokens / max(a.forwards, 1):4.1f} per forward), {a.seconds:5.2f} s:  {text}")
+        print()
+    print(f"{'':8}{'right':>7}{'tokens':>8}{'forwards':>10}{'per forward':>13}{'tok/s':>8}")
+    speed = {}
+    for mode in modes:
+        answers = results[mode]
+        tokens, forwards = sum(a.tokens for a in answers), sum(a.forwards for a in answers)
+        speed[mode] = tokens / sum(a.seconds for a in answers)
+        scored = [a for a in answers if a.correct is not None]
+        right = f"{sum(a.correct for a in scored)}/{len(scored)}" if scored else "-"
+        print(f"{MODE_NAMES[mode]:<8}{right:>7}{tokens:>8}{forwards:>10}{tokens / max(forwards, 1):>13.2f}"
+              f"{speed[mode]:>8.1f}")
+    if len(speed) == 2:
+        print(f"\nWeDLM / AR: {speed['wedlm'] / speed['ar']:.2f}x the tokens per second, same weights, same engine build")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,35 @@ def test_masking_by_hand():
     assert tokens[6:].tolist() == [16] and targets[6:].tolist() == [IGNORE]
 
 
+def test_tail_masking_masks_the_last_maskable_tokens_of_each_block():
+    """suffix_prob 1: each block masks a contiguous tail of its answer tokens (what an inference
+    window looks like), so the order is unchanged; suffix_prob 0 keeps the random subsets and the
+    very same random stream as before the option existed."""
+    ids = torch.arange(100, 124)
+    maskable = torch.arange(24) >= 3  # three prompt tokens in block 0
+    gammas = torch.tensor([0.5, 0.25, 0.75])
+    tokens, positions, targets, _ = mask_blocks(ids, maskable, 8, MASK, torch.Generator().manual_seed(0),
+                                                gammas=gammas, suffix_prob=1.0)
+    assert positions.tolist() == list(range(24))  # a tail is already observed-first
+    masked = (tokens == MASK).view(3, 8)
+    # Block 0: round(0.5 * 5) = 2 of its 5 answer tokens; block 1: 2 of 8; block 2: 6 of 8.
+    assert masked[0].tolist() == [False] * 6 + [True] * 2
+    assert masked[1].tolist() == [False] * 6 + [True] * 2
+    assert masked[2].tolist() == [False] * 2 + [True] * 6
+    assert targets[tokens == MASK].tolist() == ids[tokens == MASK].tolist()
+
+    plain = mask_blocks(ids, maskable, 8, MASK, torch.Generator().manual_seed(3), gammas=gammas)
+    off = mask_blocks(ids, maskable, 8, MASK, torch.Generator().manual_seed(3), gammas=gammas, suffix_prob=0.0)
+    assert all(torch.equal(a, b) for a, b in zip(plain, off))
+    tails = 0
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(200):
+        tokens, positions, _, _ = mask_blocks(ids, maskable, 8, MASK, generator, gammas=gammas, suffix_prob=0.5)
+        tails += sorted(positions[8:16][tokens[8:16] == MASK].tolist()) == [14, 15]  # logical, not physical
+    # Half the blocks are tails; a random pair of 8 is the tail 1 time in 28 otherwise.
+    assert 80 <= tails <= 125, tails
+
+
 def test_prompt_tokens_are_never_masked():
     ids = torch.arange(40, 80)
     maskable = torch.arange(40) >= 25

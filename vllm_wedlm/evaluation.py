@@ -108,15 +108,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-size", type=int)
     parser.add_argument("--entropy-threshold", type=float)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (faster start-up on a GPU)")
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        help="GPU memory share of each engine (several evaluations can share one GPU)")
+    parser.add_argument("--kv-cache-memory-bytes", type=int,
+                        help="fixed KV cache size (skips memory profiling, which other engines on the GPU disturb)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    overrides = {}
+    if args.enforce_eager:
+        overrides["enforce_eager"] = True
+    if args.gpu_memory_utilization:
+        overrides["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.kv_cache_memory_bytes:
+        overrides["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")), max_number=trained_max_number(args.model))
     report = {"model": args.model, "per_kind": args.per_kind, "modes": {}}
     for mode in args.modes.split(","):
         report["modes"][mode] = evaluate_mode(
             args.model, mode, tasks, max_tokens=args.max_tokens,
             window_size=args.window_size, entropy_threshold=args.entropy_threshold,
-            engine_overrides={"enforce_eager": True} if args.enforce_eager else None,
+            engine_overrides=overrides,
         )
     for kind in tasks:
         cells = []

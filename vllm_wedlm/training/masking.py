@@ -45,8 +45,15 @@ def mask_blocks(
     *,
     mask_eps: float = 1e-8,
     gammas: torch.Tensor | None = None,  # [num_blocks] float, drawn from U(0, 1) when None
+    suffix_prob: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mask and reorder the prediction stream.
+
+    ``suffix_prob``: the chance that a block masks the *last* ``count`` maskable tokens (a
+    contiguous tail) instead of a uniformly random subset of them. A tail is what an inference
+    window mostly looks like (everything left of the first mask is known), and it is the only
+    pattern in which a mask always sees the whole left context of its own block; random subsets
+    rarely leave, say, both operands of a sum visible to the mask of its result.
 
     Returns (tokens [L], positions [L], targets [L], weights [L]) in physical order: per block the
     observed tokens in logical order, then the masks in logical order.
@@ -61,7 +68,12 @@ def mask_blocks(
         start, end = block * block_size, min((block + 1) * block_size, length)
         candidates = torch.nonzero(maskable[start:end]).flatten() + start  # [n] logical positions
         count = int(torch.round(gammas[block] * candidates.numel()).item())
-        chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:count]]
+        # The extra draw only happens when tails are asked for, so recipes without them keep
+        # their random stream (and their trained weights) unchanged.
+        if suffix_prob > 0 and float(torch.rand((), generator=generator, dtype=torch.float64)) < suffix_prob:
+            chosen = candidates[candidates.numel() - count:]
+        else:
+            chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:count]]
         is_mask = torch.zeros(end - start, dtype=torch.bool)
         is_mask[chosen - start] = True
         logical = torch.arange(start, end)
@@ -96,11 +108,12 @@ def dual_stream_sample(
     generator: torch.Generator,
     *,
     mask_eps: float = 1e-8,
+    suffix_prob: float = 0.0,
 ) -> DualStreamSample:
     """The full 2L-token training sample of one tokenised chat."""
     length = input_ids.numel()
     tokens, positions, targets, weights = mask_blocks(
-        input_ids, maskable, block_size, mask_token_id, generator, mask_eps=mask_eps
+        input_ids, maskable, block_size, mask_token_id, generator, mask_eps=mask_eps, suffix_prob=suffix_prob
     )
     # Memory row i predicts token i+1 when that token carries loss (a response token).
     next_ids = torch.cat([input_ids[1:], torch.tensor([IGNORE])])

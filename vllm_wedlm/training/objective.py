@@ -42,6 +42,7 @@ def collate(
     mask_token_id: int,
     pad_token_id: int,
     generator: torch.Generator,
+    suffix_prob: float = 0.0,
 ) -> Batch:
     """Pad the samples to one length L, mask them, and build their attention masks.
 
@@ -55,7 +56,7 @@ def collate(
         pad = length - ids.numel()
         ids = torch.cat([ids, torch.full((pad,), pad_token_id, dtype=ids.dtype)])
         maskable = torch.cat([maskable, torch.zeros(pad, dtype=torch.bool)])
-        sample = dual_stream_sample(ids, maskable, block_size, mask_token_id, generator)
+        sample = dual_stream_sample(ids, maskable, block_size, mask_token_id, generator, suffix_prob=suffix_prob)
         real = torch.arange(length) < length - pad  # [L]
         # Physical index -> is it a real token: the memory stream is in logical order, the
         # prediction stream's logical positions are in position_ids.

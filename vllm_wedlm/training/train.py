@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import random
 import sys
 import time
@@ -126,6 +127,7 @@ def train(
             mask_token_id=vocab.mask_token_id,
             pad_token_id=vocab.pad_token_id,
             generator=generator,
+            suffix_prob=recipe.suffix_mask_prob,
         ).to(device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, step)
@@ -173,12 +175,20 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
           f"{recipe.steps} steps of {recipe.batch_size}, on {device}", file=sys.stderr, flush=True)
     history = train(model, samples, vocab, recipe, device=device)
     out = write_checkpoint(out_dir, tokenizer, recipe.model, model.float())
-    _write_training_record(out, recipe, history)
+    _write_training_record(out, recipe, history, device)
     return out
 
 
-def _write_training_record(out: Path, recipe: Recipe, history: list[dict]) -> None:
-    record = {"recipe": asdict(recipe), "history": history}
+def device_name(device: torch.device) -> str:
+    """What trained a model, for its record: kernels differ between machines, and so do weights."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def _write_training_record(out: Path, recipe: Recipe, history: list[dict], device: torch.device) -> None:
+    record = {"recipe": asdict(recipe), "history": history,
+              "trained_on": {"device": device_name(device), "torch": torch.__version__}}
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -209,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--oversample", metavar="KIND=N,...", help="repeat each chat of a kind N times per epoch")
     parser.add_argument("--ar-weight", type=float, help="weight w of the auxiliary AR loss: (mlm + w * ar) / (1 + w)")
     parser.add_argument("--mlm-weighting", choices=MLM_WEIGHTINGS, help="weights of masked rows in the MLM loss")
+    parser.add_argument("--suffix-mask-prob", type=float,
+                        help="chance that a block masks a contiguous tail instead of a random subset")
     parser.add_argument("--num-layers", type=int, help="layers of a model trained from scratch")
     parser.add_argument("--hidden-size", type=int, help="width of a model trained from scratch (MLP: 3x)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
@@ -218,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         block_size=args.block_size, seed=args.seed, max_number=args.max_number,
         task_counts=_counts_per_kind(args.tasks, "--tasks") if args.tasks else None,
         oversample=_counts_per_kind(args.oversample, "--oversample") if args.oversample else None,
-        ar_weight=args.ar_weight, mlm_weighting=args.mlm_weighting,
+        ar_weight=args.ar_weight, mlm_weighting=args.mlm_weighting, suffix_mask_prob=args.suffix_mask_prob,
     )
     if args.num_layers or args.hidden_size:
         model = recipe.model
