@@ -22,6 +22,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["vllm_wedlm", "vllm_wedlm.*"]),
+    # The trained micro checkpoint (vllm_wedlm.checkpoints.MICRO_CHECKPOINT): a few MB.
+    package_data={"vllm_wedlm.checkpoints": ["micro/*"]},
     install_requires=[
         # What the plugin imports itself; vLLM 0.26.0 pins compatible versions of each.
         "torch==2.11.0",
@@ -36,8 +38,8 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["wedlm = vllm_wedlm:register"],
-        # Replaces vLLM's Prometheus logger (same metrics; WeDLM engines add their commit counters).
-        "vllm.stat_logger_plugins": ["wedlm = vllm_wedlm.adapter.metrics:WeDLMPrometheusStatLogger"],
+        # No "vllm.stat_logger_plugins" entry: vLLM would load it for every engine on the machine
+        # (adapter/metrics.py); WeDLM engines get their metrics logger when WeDLM is asked for.
         "console_scripts": ["vllm-wedlm-make-tiny = vllm_wedlm.checkpoints.tiny:main"],
     },
 )

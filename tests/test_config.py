@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import add_remote_code_sentinels
 from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
 from vllm_wedlm.models.configuration_wedlm import DEFAULT_MASK_TOKEN_ID, WeDLMConfig, body_of
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The fields of tencent/WeDLM-8B-Instruct's config.json (research/wedlm.md 1.1), sizes shrunk.
 PUBLISHED_8B_STYLE = {
@@ -65,17 +70,81 @@ def checkpoint_with_remote_code(tmp_path_factory):
     return path
 
 
-def test_transformers_loads_auto_map_checkpoint_without_remote_code(checkpoint_with_remote_code):
-    import vllm_wedlm
+# Loads a WeDLM checkpoint with plain transformers in a fresh interpreter (nothing of vLLM's
+# registration can leak in) after only `import vllm_wedlm`, trust_remote_code left at its default
+# and then off. stdin is closed: transformers asks "Do you wish to run the custom code? [y/N]" on
+# a checkpoint with auto_map and no local class, and the question must never come.
+TRANSFORMERS_ONLY = """
+import json, sys
+import torch
+import vllm_wedlm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+path = sys.argv[1]
+config = AutoConfig.from_pretrained(path)
+strict = AutoConfig.from_pretrained(path, trust_remote_code=False)
+# transformers' rule for a registered class: it wins over auto_map even where remote code is allowed.
+trusted = AutoConfig.from_pretrained(path, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(path)
+AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, dtype=torch.float32)
+from vllm_wedlm.models.transformers_body import load_transformers_model
+ids = torch.tensor([tokenizer.encode("1, 2, 3, 4")])
+with torch.no_grad():
+    same_logits = torch.equal(model(ids).logits, load_transformers_model(path)(ids).logits)
+print()  # ends a question transformers may have left on the line
+print("RESULT", json.dumps({
+    "config": type(config).__module__ + "." + type(config).__name__,
+    "strict_config": type(strict).__name__,
+    "trusted_config": type(trusted).__name__,
+    "body": config.body,
+    "mask_token": tokenizer.convert_ids_to_tokens(config.mask_token_id),
+    "has_chat_template": bool(tokenizer.chat_template),
+    "model": type(model).__name__,
+    "same_logits": same_logits,
+    "vllm_imported": "vllm" in sys.modules,
+}))
+"""
 
-    vllm_wedlm.register()
-    from transformers import AutoConfig, AutoTokenizer
+# The benchmark harness loads its tokenizer before vLLM has registered anything.
+BENCHMARK_WORKLOAD = """
+import argparse, json, sys
+from benchmarks.cli import _workloads
+args = argparse.Namespace(kinds="counting", requests=2, shots="0")
+prompts = _workloads(args, sys.argv[1])[0]["counting"]
+print()  # ends a question transformers may have left on the line
+print("RESULT", json.dumps({"prompts": len(prompts), "chatml": prompts[0].text.startswith("<|im_start|>")}))
+"""
 
-    config = AutoConfig.from_pretrained(checkpoint_with_remote_code, trust_remote_code=False)
-    assert type(config) is WeDLMConfig
-    assert config.body == "Qwen2" and not config.qk_norm and config.attention_bias
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint_with_remote_code, trust_remote_code=False)
-    assert tokenizer.convert_ids_to_tokens(config.mask_token_id) == "<|mask|>"
+
+def run_fresh(code: str, *args: str) -> tuple[dict, str]:
+    """Run ``code`` in a fresh interpreter with stdin closed; it prints ``RESULT <json>`` last."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return json.loads(done.stdout.rsplit("RESULT ", 1)[1]), output
+
+
+def test_importing_the_package_makes_plain_transformers_load_wedlm_checkpoints(checkpoint_with_remote_code):
+    result, output = run_fresh(TRANSFORMERS_ONLY, str(checkpoint_with_remote_code))
+    assert result == {
+        "config": "vllm_wedlm.models.configuration_wedlm.WeDLMConfig",
+        "strict_config": "WeDLMConfig",
+        "trusted_config": "WeDLMConfig",
+        "body": "Qwen2",
+        "mask_token": "<|mask|>",
+        "has_chat_template": True,
+        "model": "Qwen2ForCausalLM",  # transformers' own body, the weights of a WeDLM model
+        "same_logits": True,
+        "vllm_imported": False,
+    }
+    assert "custom code" not in output and "trust_remote_code" not in output, output[-3000:]
+
+
+def test_the_benchmark_harness_loads_the_tokenizer_without_asking(checkpoint_with_remote_code):
+    result, output = run_fresh(BENCHMARK_WORKLOAD, str(checkpoint_with_remote_code))
+    assert result == {"prompts": 2, "chatml": True}
+    assert "custom code" not in output and "trust_remote_code" not in output, output[-3000:]
 
 
 def test_vllm_config_parser_loads_auto_map_checkpoint_without_remote_code(checkpoint_with_remote_code):

@@ -76,13 +76,26 @@ print(json.dumps({"same_add": EngineArgs.add_cli_args is add,
     assert result == {"same_add": True, "decoding_flags": 1}
 
 
-def test_importing_the_package_imports_neither_vllm_nor_torch():
+def test_importing_the_package_registers_with_transformers_and_touches_no_vllm():
+    """``import vllm_wedlm`` makes WeDLM checkpoints load in plain transformers (models/auto.py;
+    test_config.py loads one) and does nothing else: no vLLM, no CUDA. It does import torch,
+    because transformers' config machinery imports it."""
     result = run_python("""
 import json, sys
 import vllm_wedlm
-print(json.dumps(sorted(m for m in ("vllm", "torch", "transformers") if m in sys.modules)))
+import torch
+from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+print(json.dumps({
+    "vllm_imported": any(m == "vllm" or m.startswith("vllm.") for m in sys.modules),
+    "cuda_initialized": torch.cuda.is_initialized(),
+    "auto_config": type(AutoConfig.for_model("wedlm")) is WeDLMConfig,
+    "causal_lm": MODEL_FOR_CAUSAL_LM_MAPPING[WeDLMConfig].__name__,
+}))
 """)
-    assert result == []
+    assert result == {"vllm_imported": False, "cuda_initialized": False, "auto_config": True,
+                      "causal_lm": "WeDLMAsQwenForCausalLM"}
 
 
 def test_gpu_worker_leaves_torch_cuda_alone():

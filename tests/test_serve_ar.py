@@ -9,18 +9,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from metric_families import served_families, stock_vllm_families
 from servers import model_name, post, running_server, sse_events
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.server_process import prometheus_counters
+from vllm_wedlm.testing import serve_args
 
 MAX_TOKENS = 12
+ARGS = ("--decoding", "ar", "--dtype", "float32")
 
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoints, tmp_path_factory):
     path = tiny_checkpoints["qwen3"]
     log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-    with running_server(path, "--decoding", "ar", "--dtype", "float32", log_path=log) as base:
+    with running_server(path, *ARGS, log_path=log) as base:
         yield base, path
 
 
@@ -83,8 +86,10 @@ def test_chat_completion_and_its_stream(server, reference):
 
 
 def test_metrics_are_vllms_own_in_ar_mode(server):
-    base, _ = server
+    base, path = server
     post(base, "/v1/completions", {"prompt": "1, 2", "max_tokens": 4, "temperature": 0})
     counters = prometheus_counters(base, "vllm:")
-    assert counters["vllm:generation_tokens_total"] >= 4  # the plugin's logger keeps vLLM's metrics
-    assert not any(name.startswith("vllm:diffusion_") for name in counters)
+    assert counters["vllm:generation_tokens_total"] >= 4
+    # Metric by metric what vLLM's own Prometheus logger registers for this server's settings.
+    assert served_families(base, "vllm:") == stock_vllm_families(["--model", str(path), "--seed", "0",
+                                                                  *serve_args(), *ARGS])

@@ -6,12 +6,15 @@ installed by the plugin adds the flags. ``EngineArgs.from_cli_args`` copies only
 fields, so a second wrapper folds the flags into ``additional_config``, where the engine reads
 them; folding there (not in an argparse action) works whatever order the flags and
 ``--additional-config`` come in. A third wrapper, on ``EngineArgs.create_engine_config`` (used by
-``vllm serve`` and ``vllm.LLM`` alike), refuses WeDLM decoding of a model that is not a WeDLM model.
+``vllm serve`` and ``vllm.LLM`` alike), refuses WeDLM decoding of a model that is not a WeDLM model
+and, for a WeDLM engine with statistics on, adds the WeDLM metrics (adapter/metrics.py says why
+there).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from vllm_wedlm.config import (
     DECODING_KEY,
@@ -20,10 +23,13 @@ from vllm_wedlm.config import (
     ENTROPY_THRESHOLD_KEY,
     POS_PENALTY_KEY,
     WINDOW_SIZE_KEY,
-    WeDLMSettings,
+    asks_for_wedlm,
 )
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
 from vllm_wedlm.plugin import ARCHITECTURE
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 _MARK = "_vllm_wedlm_wrapped"
 
@@ -64,11 +70,17 @@ def fold_into_additional_config(args: argparse.Namespace) -> None:
         args.additional_config = {**(getattr(args, "additional_config", None) or {}), **given}
 
 
-def check_engine_config(vllm_config) -> None:
-    """Refuse WeDLM decoding of a model that is not a WeDLM model, with the reason."""
-    settings = WeDLMSettings.from_additional_config(vllm_config.additional_config)
+def check_engine_config(vllm_config: VllmConfig) -> None:
+    """Refuse WeDLM decoding of a model that is not a WeDLM model, with the reason.
+
+    A WeDLM model's settings are read and checked by its config hook (adapter/config_hook.py).
+    For any other model the plugin looks at nothing but ``decoding == "wedlm"``: the rest of
+    ``additional_config`` belongs to vLLM and other plugins.
+    """
     model_config = vllm_config.model_config
-    if settings.wedlm and model_config is not None and model_config.architecture != ARCHITECTURE:
+    if model_config is None or model_config.architecture == ARCHITECTURE:
+        return
+    if asks_for_wedlm(vllm_config.additional_config):
         raise ValueError(
             f"--decoding wedlm needs a WeDLM model (architecture {ARCHITECTURE}, model_type "
             f"'wedlm'); {model_config.model} is {model_config.architecture}. Use --decoding ar."
@@ -96,6 +108,11 @@ def install_cli_flags() -> None:
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original_create(self, *args, **kwargs)
         check_engine_config(vllm_config)
+        if asks_for_wedlm(vllm_config.additional_config) and not self.disable_log_stats:
+            # WeDLM's counters in /metrics; only now, so AR engines keep vLLM's own stat loggers.
+            from vllm_wedlm.adapter.metrics import use_for_wedlm_engines
+
+            use_for_wedlm_engines()
         return vllm_config
 
     setattr(add_cli_args, _MARK, True)

@@ -10,7 +10,7 @@ come through ``SamplingParams.extra_args`` (OpenAI: ``vllm_xargs``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
 
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, WeDLMParams, validate_window_size
 
@@ -24,10 +24,28 @@ DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
+SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY)
 
-#: SamplingParams.extra_args keys (per-request overrides); prefixed, as extra_args is shared.
+#: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
+#: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
+VLLM_KEYS = ("gdn_prefill_backend",)
+
+#: SamplingParams.extra_args keys (per-request overrides). extra_args is shared with other plugins
+#: and logits processors, so WeDLM's keys carry a prefix: a key with the prefix must be one of
+#: REQUEST_KEYS, a key without it is someone else's and left alone.
+REQUEST_KEY_PREFIX = "wedlm_"
 REQUEST_ENTROPY_THRESHOLD = "wedlm_entropy_threshold"
 REQUEST_POS_PENALTY = "wedlm_pos_penalty"
+REQUEST_KEYS = (REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY)
+
+
+def asks_for_wedlm(additional_config: object) -> bool:
+    """Whether an engine's ``additional_config`` selects WeDLM decoding (a look, no validation)."""
+    return isinstance(additional_config, dict) and additional_config.get(DECODING_KEY) == "wedlm"
+
+
+def _names(keys: Iterable[object]) -> str:
+    return ", ".join(repr(key) for key in sorted(keys, key=str))
 
 
 @dataclass(frozen=True)
@@ -48,16 +66,39 @@ class WeDLMSettings:
         return self.decoding == "wedlm"
 
     @classmethod
-    def from_additional_config(cls, additional_config: Any) -> WeDLMSettings:
-        """Read and validate the settings; raise ``ValueError`` saying what to fix."""
+    def from_additional_config(cls, additional_config: object) -> WeDLMSettings:
+        """Read and validate the settings of an engine that runs a WeDLM model; raise
+        ``ValueError`` saying what to fix.
+
+        ``additional_config`` is shared: vLLM documents it as the platform's settings, stores
+        ``gdn_prefill_backend`` in it, and other plugins may read it. So which keys are the plugin's
+        depends on the mode. AR mode (no ``decoding`` key, or ``"ar"``) is vLLM's ordinary path:
+        the plugin checks the values of its own keys and leaves every other key to its owner.
+        WeDLM mode runs only on vLLM's CPU and CUDA platforms, which read nothing from
+        ``additional_config`` (adapter/config_hook.py refuses the others), so there every key must
+        be a WeDLM setting or one of vLLM's own: anything else is a misspelt setting
+        (``windowsize``) that would otherwise be ignored while its default silently applies.
+        """
         if not isinstance(additional_config, dict):
-            return cls()
+            # vLLM also accepts a platform's own config object here; it cannot hold WeDLM settings.
+            raise ValueError(
+                f"A WeDLM model reads its settings ({_names(SETTINGS_KEYS)}) from a dict additional_config; "
+                f"got a {type(additional_config).__name__}."
+            )
         decoding = additional_config.get(DECODING_KEY, DEFAULT_DECODING)
         if decoding not in DECODING_MODES:
             raise ValueError(
                 f"Unknown decoding mode {decoding!r} (additional_config[{DECODING_KEY!r}]); "
                 f"choose one of {', '.join(DECODING_MODES)}."
             )
+        if decoding == "wedlm":
+            unknown = set(additional_config) - set(SETTINGS_KEYS) - set(VLLM_KEYS)
+            if unknown:
+                raise ValueError(
+                    f"Unknown additional_config key(s) {_names(unknown)} with decoding 'wedlm'; the WeDLM "
+                    f"settings are {_names(SETTINGS_KEYS)} (flags --decoding, --wedlm-window-size, "
+                    "--wedlm-entropy-threshold, --wedlm-pos-penalty)."
+                )
         window_size = validate_window_size(additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE))
         params = WeDLMParams(
             entropy_threshold=additional_config.get(ENTROPY_THRESHOLD_KEY, DEFAULT_PARAMS.entropy_threshold),
@@ -66,9 +107,19 @@ class WeDLMSettings:
         return cls(decoding=decoding, window_size=window_size, params=params)
 
     def request_params(self, extra_args: dict | None) -> WeDLMParams:
-        """The selection knobs of one request: its extra_args over the server defaults."""
+        """The selection knobs of one request: its extra_args over the server defaults.
+
+        A ``wedlm_`` key that is not a knob (``wedlm_window``, ``wedlm_entropy_treshold``) is an
+        error, not a silent default; keys without the prefix belong to others.
+        """
         if not extra_args:
             return self.params
+        unknown = [k for k in extra_args if str(k).startswith(REQUEST_KEY_PREFIX) and k not in REQUEST_KEYS]
+        if unknown:
+            raise ValueError(
+                f"unknown WeDLM key(s) {_names(unknown)}; per request WeDLM accepts {_names(REQUEST_KEYS)} "
+                "(the window size is server-wide: --wedlm-window-size)"
+            )
         return WeDLMParams(
             entropy_threshold=extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),

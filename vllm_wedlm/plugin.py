@@ -31,12 +31,12 @@ def register_all() -> None:
 
 def register_config_class() -> None:
     """Make ``model_type: "wedlm"`` a local config type for transformers and vLLM."""
-    from transformers import AutoConfig
     from vllm.transformers_utils.config import _CONFIG_REGISTRY
 
+    from vllm_wedlm.models.auto import register_with_transformers
     from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 
-    AutoConfig.register(MODEL_TYPE, WeDLMConfig, exist_ok=True)
+    register_with_transformers()  # done by `import vllm_wedlm` already; idempotent
     # vLLM's own table: a type found here is parsed with trust_remote_code off, whatever
     # `auto_map` the checkpoint carries.
     _CONFIG_REGISTRY[MODEL_TYPE] = WeDLMConfig

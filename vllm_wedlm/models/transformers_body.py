@@ -2,7 +2,8 @@
 
 The weights of a WeDLM model are those of its base Qwen model (research/wedlm.md 1.2), so
 transformers' own ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` run it exactly. The reference
-decoder, the tests and the checkpoint factory use this; vLLM does not.
+decoder, the tests, the checkpoint factory and ``AutoModelForCausalLM`` (models/auto.py) use
+this; vLLM does not.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ def qwen_config_for(config: WeDLMConfig):
     return config_cls(**fields)
 
 
+def qwen_model_class(config: WeDLMConfig) -> type[PreTrainedModel]:
+    """``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM``: the transformers class of a WeDLM config's body."""
+    return _CLASSES[config.body][1]
+
+
 def model_for(config: WeDLMConfig) -> PreTrainedModel:
     """A randomly initialised transformers model with this WeDLM config's shapes."""
-    _, model_cls = _CLASSES[config.body]
-    return model_cls(qwen_config_for(config))
+    return qwen_model_class(config)(qwen_config_for(config))
 
 
 def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load a WeDLM checkpoint directory into transformers' Qwen2/Qwen3 causal LM, in eval mode."""
     config = WeDLMConfig.from_pretrained(path)
-    _, model_cls = _CLASSES[config.body]
-    model = model_cls.from_pretrained(path, config=qwen_config_for(config), dtype=dtype)
+    model = qwen_model_class(config).from_pretrained(path, config=qwen_config_for(config), dtype=dtype)
     return model.eval()

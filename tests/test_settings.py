@@ -1,0 +1,106 @@
+"""The plugin's settings are strict where they are the plugin's, and left alone where they are not.
+
+A misspelt WeDLM key must fail loudly (a silent default decodes differently from what was asked),
+at start-up for ``additional_config`` and per request for ``extra_args`` / ``vllm_xargs`` (a 400
+from ``vllm serve``: tests/test_serve_wedlm.py). Keys that belong to vLLM or to other plugins pass.
+The engine's config is built for real (``EngineArgs.create_engine_config``, what ``vllm serve``
+and ``vllm.LLM`` call); no engine is started.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import vllm_wedlm
+from plain_qwen import plain_qwen3_copy
+
+ACCEPTED_SETTINGS = "'decoding', 'entropy_threshold', 'pos_penalty', 'window_size'"
+ACCEPTED_REQUEST_KEYS = "'wedlm_entropy_threshold', 'wedlm_pos_penalty'"
+
+
+class PlatformConfig:
+    """A non-dict ``additional_config``, as vLLM allows for a platform's own settings."""
+
+    def compute_hash(self) -> str:
+        return "platform-settings"
+
+
+def engine_config(model, additional_config, **kwargs):
+    vllm_wedlm.register()
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(model), max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=1 << 26,
+                      additional_config=additional_config, **kwargs).create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def plain_qwen(tiny_checkpoints, tmp_path_factory):
+    return plain_qwen3_copy(tiny_checkpoints["qwen3"], tmp_path_factory.mktemp("plain") / "qwen3")
+
+
+@pytest.mark.parametrize("settings,unknown", [
+    ({"windowsize": 8}, "'windowsize'"),
+    ({"entropy_treshold": 0.3}, "'entropy_treshold'"),
+    ({"wedlm_window_size": 8, "pos_penality": 0.1}, "'pos_penality', 'wedlm_window_size'"),
+])
+def test_misspelt_settings_of_wedlm_mode_fail_at_start_up(tiny_checkpoints, settings, unknown):
+    with pytest.raises(ValueError, match=f"Unknown additional_config key\\(s\\) {unknown} with decoding 'wedlm'; "
+                                         f"the WeDLM settings are {ACCEPTED_SETTINGS}"):
+        engine_config(tiny_checkpoints["qwen3"], {"decoding": "wedlm", **settings})
+
+
+def test_a_non_dict_additional_config_fails_at_start_up_for_a_wedlm_model(tiny_checkpoints):
+    with pytest.raises(ValueError, match=f"reads its settings \\({ACCEPTED_SETTINGS}\\) from a dict "
+                                         "additional_config; got a PlatformConfig"):
+        engine_config(tiny_checkpoints["qwen3"], PlatformConfig())
+
+
+def test_misspelt_setting_fails_vllm_serve_at_start_up(tiny_checkpoints):
+    done = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(tiny_checkpoints["qwen3"]),
+                           "--decoding", "wedlm", "--additional-config", '{"windowsize": 8}', "--max-model-len", "256",
+                           "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 26)],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0
+    assert f"Unknown additional_config key(s) 'windowsize' with decoding 'wedlm'; the WeDLM settings are " \
+           f"{ACCEPTED_SETTINGS}" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+
+
+def test_keys_of_others_pass(tiny_checkpoints, plain_qwen):
+    # AR mode is vLLM's ordinary path: keys the plugin does not know are someone else's.
+    assert engine_config(tiny_checkpoints["qwen3"], {"decoding": "ar", "someone_elses": 1}).additional_config == {
+        "decoding": "ar", "someone_elses": 1}
+    # vLLM's own key beside the WeDLM settings (--gdn-prefill-backend writes it).
+    config = engine_config(tiny_checkpoints["qwen3"], {"decoding": "wedlm"}, gdn_prefill_backend="triton")
+    assert config.additional_config == {"decoding": "wedlm", "gdn_prefill_backend": "triton"}
+    # Other models: the plugin reads nothing of their additional_config, dict or not.
+    assert engine_config(plain_qwen, {"window_size": "not a WeDLM setting"}).additional_config == {
+        "window_size": "not a WeDLM setting"}
+    assert isinstance(engine_config(plain_qwen, PlatformConfig()).additional_config, PlatformConfig)
+
+
+def validate(extra_args):
+    """vLLM's front end calls this on every request of a WeDLM engine (adapter/request_validator.py)."""
+    from vllm import SamplingParams
+
+    from vllm_wedlm.adapter.request_validator import WeDLMRequestValidator
+
+    WeDLMRequestValidator.validate_params(SamplingParams(max_tokens=4, extra_args=extra_args))
+
+
+@pytest.mark.parametrize("extra_args,unknown", [
+    ({"wedlm_window": 4}, "'wedlm_window'"),
+    ({"wedlm_entropy_treshold": 0.5, "wedlm_pos_penalty": 0.1}, "'wedlm_entropy_treshold'"),
+    ({"wedlm_window_size": 4}, "'wedlm_window_size'"),
+])
+def test_misspelt_request_knobs_are_refused(extra_args, unknown):
+    with pytest.raises(ValueError, match=f"unknown WeDLM key\\(s\\) {unknown}; per request WeDLM accepts "
+                                         f"{ACCEPTED_REQUEST_KEYS}"):
+        validate(extra_args)
+
+
+def test_request_keys_of_others_pass():
+    validate({"wedlm_entropy_threshold": 0.5, "wedlm_pos_penalty": 0.1, "kv_transfer_params": {}, "other": 1})
+    validate(None)
