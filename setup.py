@@ -33,7 +33,7 @@ setup(
     ],
     extras_require={
         "gpu": [f"vllm=={VLLM_VERSION}"],
-        "test": ["pytest>=8", "openai>=2.0.0", "requests>=2.26.0"],
+        "test": ["pytest>=8", "ruff>=0.17", "openai>=2.0.0", "requests>=2.26.0"],
         "bench": ["matplotlib>=3.8", "aiohttp>=3.9"],
     },
     entry_points={

@@ -37,8 +37,8 @@ def progress(done: int, total: int, row: dict) -> None:
     if PARTIAL is not None:
         with PARTIAL.open("a") as f:
             f.write(json.dumps(row) + "\n")
-    where = " ".join(f"{k} {row[k]}" for k in ("kind", "batch_size", "concurrency", "window_size", "shots", "max_tokens")
-                     if row.get(k) is not None)
+    keys = ("kind", "batch_size", "concurrency", "window_size", "shots", "max_tokens")
+    where = " ".join(f"{k} {row[k]}" for k in keys if row.get(k) is not None)
     cells = [f"{row['output_tok_s']:,.0f} tok/s"]
     for key, label in (("tokens_per_forward", "TPF"), ("tokens_per_step", "tokens/step"), ("step_ms", "ms/step"),
                        ("accuracy", "accuracy"), ("ttft_s_p50", "TTFT p50 s")):

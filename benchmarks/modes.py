@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
 
 DEFAULT_NGRAM_TOKENS = 4
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
@@ -77,9 +77,9 @@ def parse_modes(text: str) -> list[Mode]:
 
 
 def token_budget(max_batch: int, window_size: int) -> int:
-    """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows (at most
-    2W tokens each) fits one step, and AR gets the same budget."""
-    return max(8192, max_batch * 2 * window_size)
+    """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows fits one
+    step, and AR gets the same budget."""
+    return max(8192, max_batch * max_window_tokens(window_size))
 
 
 def by_engine(modes: list[Mode]) -> dict[str, list[Mode]]:

@@ -17,7 +17,7 @@ def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dic
     settings = engine_kwargs(**overrides)
     settings["additional_config"] = mode.additional_config(window_size)
     settings["max_num_seqs"] = max_batch
-    # Every WeDLM window (at most 2W tokens) of a full batch fits one step, whatever the mode.
+    # Every WeDLM window of a full batch fits one step, whatever the mode.
     settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
     if mode.ngram_tokens:
         settings["speculative_config"] = mode.speculative_config()
@@ -85,7 +85,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                         "output_tokens": tokens, "seconds": round(seconds, 4),
                         "output_tok_s": round(tokens / seconds, 2),
                         "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
-                        "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs)]),
+                        "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
                     }
                     rows.append(row)
                     progress(len(rows), total, row)

@@ -120,7 +120,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                         "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
                         "output_tok_s": round(tokens / wall, 2),
                         "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),
-                        "accuracy": accuracy([p.score(m.text) for p, m in zip(batch, measured)]),
+                        "accuracy": accuracy([p.score(m.text) for p, m in zip(batch, measured, strict=True)]),
                         **percentiles([m.ttft for m in measured], "ttft_s"),
                         **percentiles([m.latency for m in measured], "latency_s"),
                         **percentiles([m.tokens / m.latency for m in measured], "request_tok_s"),

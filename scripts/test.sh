@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up the CPU environment if needed, then run the whole test suite on the real vLLM engine.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k parity`).
+# Set up the CPU environment if needed, lint (ruff.toml), then run the whole test suite on the real
+# vLLM engine. Extra arguments go to pytest (e.g. `bash scripts/test.sh -k parity`).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
 cd "$root"
-exec "${VLLM_WEDLM_VENV:-$root/.venv}/bin/python" -m pytest tests "$@"
+python="${VLLM_WEDLM_VENV:-$root/.venv}/bin/python"
+"$python" -m ruff check --no-cache .  # seconds; a finding fails the run before the slow tests start
+exec "$python" -m pytest tests "$@"

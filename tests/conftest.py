@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
+from vllm_wedlm.models.configuration_wedlm import BODIES
 
-VARIANTS = ("qwen2", "qwen3")
+VARIANTS = tuple(BODIES)  # the published bodies: ("qwen2", "qwen3")
 
 REMOTE_CODE_SENTINEL = 'raise RuntimeError("remote code of the checkpoint was executed")\n'
 

@@ -20,8 +20,9 @@ SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
 def qwen_checkpoint(path, variant: str, spare_rows: bool):
     """A random Qwen AR checkpoint whose tokenizer has no mask token; its embedding matrix has
     padded rows beyond the tokenizer (as Qwen's have) or exactly one row per token."""
+    no_mask = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=train_bpe_tokenizer(corpus(0), 400, special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
+        tokenizer_object=train_bpe_tokenizer(corpus(0), 400, special_tokens=no_mask),
         eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE,
     )
     vocab_rows = -(-len(tokenizer) // 64) * 64 if spare_rows else len(tokenizer)

@@ -1,7 +1,8 @@
 """vLLM's AR decoding of tiny WeDLM checkpoints against transformers' Qwen2/Qwen3 on the same weights.
 
-This is what makes WeDLM and AR comparable on one engine: vLLM runs the checkpoint through the
-plugin's ``WeDLMForCausalLM``, transformers through its stock Qwen classes, and both must agree.
+This is what makes WeDLM and AR comparable on one engine: vLLM builds the checkpoint through the
+plugin's registered ``WeDLMForCausalLM`` (vLLM's own Qwen2/Qwen3 model), transformers through its
+stock Qwen classes, and both must agree.
 
 Tolerance (float32): vLLM's CPU kernels (fused QKV GEMMs, its own RMSNorm, RoPE and paged
 attention) reduce in a different order than transformers' eager PyTorch, so float32 results

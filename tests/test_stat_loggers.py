@@ -42,8 +42,8 @@ def test_installed_plugin_leaves_metrics_of_an_ar_server_as_stock_vllm(plain_qwe
     served = {}
     for name, env in (("plugin installed", {}), ("stock vLLM", without_this_plugin())):
         with running_server(plain_qwen, "--disable-log-stats", log_path=tmp_path / f"{name}.log", env=env) as base:
-            assert len(post(base, "/v1/completions", {"prompt": "1, 2", "max_tokens": 3, "temperature": 0,
-                                                       "return_token_ids": True}).json()["choices"][0]["token_ids"]) == 3
+            body = {"prompt": "1, 2", "max_tokens": 3, "temperature": 0, "return_token_ids": True}
+            assert len(post(base, "/v1/completions", body).json()["choices"][0]["token_ids"]) == 3
             served[name] = served_families(base)
     assert served["plugin installed"] == served["stock vLLM"]
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from transformers import AutoTokenizer
 
-from vllm_wedlm.checkpoints.tiny import TinySpec, config_for, random_model, train_bpe_tokenizer
+from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
+from vllm_wedlm.checkpoints.tiny import TinySpec, chat_tokenizer, config_for, random_model, train_bpe_tokenizer
 from vllm_wedlm.training.masking import IGNORE, dual_stream_attention_mask, dual_stream_sample, mask_blocks
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import RECIPES
-from vllm_wedlm.training.tasks import KINDS, final_answer, generate, mixture
-from vllm_wedlm.training.train import Vocabulary, chat_prompt, tokenize, train, training_samples
+from vllm_wedlm.training.tasks import KINDS, chat_prompt, final_answer, generate, mixture
+from vllm_wedlm.training.train import Vocabulary, chat_bpe_tokenizer, tokenize, train, training_samples
 
 MASK = 99
 
@@ -71,7 +75,7 @@ def test_tail_masking_masks_the_last_maskable_tokens_of_each_block():
 
     plain = mask_blocks(ids, maskable, 8, MASK, torch.Generator().manual_seed(3), gammas=gammas)
     off = mask_blocks(ids, maskable, 8, MASK, torch.Generator().manual_seed(3), gammas=gammas, suffix_prob=0.0)
-    assert all(torch.equal(a, b) for a, b in zip(plain, off))
+    assert all(torch.equal(a, b) for a, b in zip(plain, off, strict=True))
     tails = 0
     generator = torch.Generator().manual_seed(4)
     for _ in range(200):
@@ -160,8 +164,8 @@ def test_tasks_are_deterministic_disjoint_and_verifiable():
 def test_a_short_training_run_lowers_both_losses():
     recipe = RECIPES["micro"].with_overrides(steps=40, batch_size=8, warmup_steps=5)
     tasks = mixture({"counting": 100, "arithmetic": 100}, "train")
-    tokenizer = train_bpe_tokenizer([chat_prompt(t) + t.response for t in tasks], 400, split_digits=True)
-    vocab = Vocabulary.of_tokenizer(tokenizer)
+    tokenizer = chat_bpe_tokenizer(tasks, 400)
+    vocab = Vocabulary.of_tokenizer(chat_tokenizer(tokenizer))
     samples = [tokenize(t, vocab, recipe) for t in tasks]
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
     history = train(model, samples, vocab, recipe, device=torch.device("cpu"), log=lambda line: None, log_every=10)
@@ -202,8 +206,34 @@ def test_recipes_check_the_weighting_and_oversample_repeats_chats():
         RECIPES["micro"].with_overrides(mlm_weighting="linear")
     recipe = RECIPES["micro"].with_overrides(oversample={"counting": 3}, max_length=128)
     tasks = mixture({"counting": 5, "arithmetic": 5}, "train", max_number=20)
-    tokenizer = train_bpe_tokenizer([chat_prompt(t) + t.response for t in tasks], 400, split_digits=True)
-    samples = training_samples(tasks, Vocabulary.of_tokenizer(tokenizer), recipe)
+    samples = training_samples(tasks, Vocabulary.of_tokenizer(chat_tokenizer(chat_bpe_tokenizer(tasks, 400))), recipe)
     assert len(samples) == 3 * 5 + 5
     counted = sum(1 for ids, _ in samples for other, _ in samples if torch.equal(ids, other))
     assert counted == 5 * 3 * 3 + 5  # each counting chat equals itself and its two copies
+
+
+def test_training_prompts_are_the_chat_template_of_the_checkpoint():
+    """Training renders a task with the chat template its checkpoint carries, which vLLM's chat
+    endpoints apply at inference: the shipped micro checkpoint's template gives the ChatML text
+    the micro model was trained on, token for token."""
+    micro = AutoTokenizer.from_pretrained(MICRO_CHECKPOINT)
+    vocab = Vocabulary.of_tokenizer(micro)
+    for task in generate("arithmetic", "train", 3, max_number=20) + generate("counting", "test", 3, max_number=20):
+        chatml = f"<|im_start|>user\n{task.prompt}<|im_end|>\n<|im_start|>assistant\n"
+        assert vocab.prompt(task) == chat_prompt(micro, task) == chatml
+        assert vocab.encode(chatml) == micro.apply_chat_template(
+            task.messages(with_response=False), add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_the_micro_checkpoint_has_the_tokenizer_its_recipe_trains():
+    """The shipped micro tokenizer is what the micro recipe learns from its chats, and the
+    training vocabulary of that tokenizer is the checkpoint's own (its mask, padding, end of turn)."""
+    recipe = RECIPES["micro"]
+    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
+    tokenizer = chat_bpe_tokenizer(tasks, recipe.vocab_target)
+    assert json.loads(tokenizer.to_str()) == json.loads((MICRO_CHECKPOINT / "tokenizer.json").read_text())
+    vocab, shipped = Vocabulary.of_tokenizer(chat_tokenizer(tokenizer)), Vocabulary.of_tokenizer(
+        AutoTokenizer.from_pretrained(MICRO_CHECKPOINT))
+    config = json.loads((MICRO_CHECKPOINT / "config.json").read_text())
+    assert vocab.mask_token_id == shipped.mask_token_id == config["mask_token_id"]
+    assert (vocab.pad_token_id, vocab.im_end_id) == (shipped.pad_token_id, shipped.im_end_id)

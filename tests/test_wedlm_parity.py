@@ -51,7 +51,7 @@ def test_engine_equals_reference(checkpoint_root, variant, scale, window):
 
     reference = ReferenceDecoder(load_transformers_model(path), WeDLMConfig.from_pretrained(path).mask_token_id, window)
     forwards = {}
-    for (tau, lam, prompt), out in zip(combos, outputs):
+    for (tau, lam, prompt), out in zip(combos, outputs, strict=True):
         expected = reference.generate(list(out.prompt_token_ids), StopRule(max_tokens=MAX_TOKENS),
                                       WeDLMParams(entropy_threshold=tau, pos_penalty=lam))
         assert list(out.outputs[0].token_ids) == expected.token_ids, (tau, lam, prompt)

@@ -14,7 +14,7 @@ there).
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_wedlm.config import (
     DECODING_KEY,
@@ -26,10 +26,12 @@ from vllm_wedlm.config import (
     asks_for_wedlm,
 )
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
-from vllm_wedlm.plugin import ARCHITECTURE
+from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, MODEL_TYPE
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 _MARK = "_vllm_wedlm_wrapped"
 
@@ -83,7 +85,7 @@ def check_engine_config(vllm_config: VllmConfig) -> None:
     if asks_for_wedlm(vllm_config.additional_config):
         raise ValueError(
             f"--decoding wedlm needs a WeDLM model (architecture {ARCHITECTURE}, model_type "
-            f"'wedlm'); {model_config.model} is {model_config.architecture}. Use --decoding ar."
+            f"{MODEL_TYPE!r}); {model_config.model} is {model_config.architecture}. Use --decoding ar."
         )
 
 
@@ -96,16 +98,16 @@ def install_cli_flags() -> None:
     original_from = EngineArgs.from_cli_args.__func__
     original_create = EngineArgs.create_engine_config
 
-    def add_cli_args(parser):
+    def add_cli_args(parser: FlexibleArgumentParser) -> FlexibleArgumentParser:
         parser = original_add(parser)
         add_wedlm_args(parser)
         return parser
 
-    def from_cli_args(cls, args: argparse.Namespace):
+    def from_cli_args(cls: type[EngineArgs], args: argparse.Namespace) -> EngineArgs:
         fold_into_additional_config(args)
         return original_from(cls, args)
 
-    def create_engine_config(self, *args, **kwargs):
+    def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> VllmConfig:
         vllm_config = original_create(self, *args, **kwargs)
         check_engine_config(vllm_config)
         if asks_for_wedlm(vllm_config.additional_config) and not self.disable_log_stats:

@@ -9,8 +9,8 @@ come through ``SamplingParams.extra_args`` (OpenAI: ``vllm_xargs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, WeDLMParams, validate_window_size
 
@@ -39,6 +39,13 @@ REQUEST_POS_PENALTY = "wedlm_pos_penalty"
 REQUEST_KEYS = (REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY)
 
 
+def max_window_tokens(window_size: int) -> int:
+    """The most tokens one request forwards in a WeDLM step: its ``window_size`` undecided slots and
+    at most as many filled ones (each was an undecided slot once). A step's token budget must hold
+    this for every running request."""
+    return 2 * window_size
+
+
 def asks_for_wedlm(additional_config: object) -> bool:
     """Whether an engine's ``additional_config`` selects WeDLM decoding (a look, no validation)."""
     return isinstance(additional_config, dict) and additional_config.get(DECODING_KEY) == "wedlm"
@@ -56,7 +63,8 @@ class WeDLMSettings:
     """How to decode: "ar" or "wedlm"."""
 
     window_size: int = DEFAULT_WINDOW_SIZE
-    """W: undecided slots kept per request (WeDLM mode); each forward covers W to 2W tokens."""
+    """W: undecided slots kept per request (WeDLM mode); each forward covers W to
+    ``max_window_tokens(W)`` tokens."""
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server default of the selection knobs (tau, lambda)."""

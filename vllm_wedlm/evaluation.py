@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, final_answer, generate
+from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, chat_prompt, final_answer, generate
 
 SCORED_KINDS = ("counting", "arithmetic")
 
@@ -57,17 +57,14 @@ def evaluate_mode(
     results = {}
     try:
         for kind, kind_tasks in tasks.items():
-            prompts = [
-                tokenizer.apply_chat_template(t.messages(with_response=False), add_generation_prompt=True, tokenize=False)
-                for t in kind_tasks
-            ]
+            prompts = [chat_prompt(tokenizer, t) for t in kind_tasks]
             before = request_forwards(llm) if decoding == "wedlm" else 0
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - start
             forwards = (request_forwards(llm) if decoding == "wedlm" else 0) - before
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-            verdicts = [is_correct(t, o.outputs[0].text) for t, o in zip(kind_tasks, outputs)]
+            verdicts = [is_correct(t, o.outputs[0].text) for t, o in zip(kind_tasks, outputs, strict=True)]
             entry = {"requests": len(outputs), "output_tokens": tokens, "seconds": round(seconds, 3)}
             entry["tokens_per_forward"] = tokens / forwards if decoding == "wedlm" else 1.0
             if kind in SCORED_KINDS:

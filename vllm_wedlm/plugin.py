@@ -8,9 +8,9 @@ module that imports vLLM's model code is loaded only where the model is built.
 
 from __future__ import annotations
 
-ARCHITECTURE = "WeDLMForCausalLM"
+from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, MODEL_TYPE
+
 MODEL_CLASS = "vllm_wedlm.models.wedlm:WeDLMForCausalLM"
-MODEL_TYPE = "wedlm"
 
 _done = False
 

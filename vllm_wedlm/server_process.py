@@ -1,4 +1,10 @@
-"""A ``vllm serve`` process on loopback, for the tests and the online benchmark."""
+"""A ``vllm serve`` process on loopback, and its Prometheus counters.
+
+For users as well as the tests, which is why it ships in the package: the online benchmark
+(``python -m benchmarks online``, whose harness lives outside the package and runs against the
+installed plugin) serves each decoding mode with it and reads its counters; the tests' servers
+(tests/servers.py) wrap it.
+"""
 
 from __future__ import annotations
 

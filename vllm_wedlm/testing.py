@@ -1,4 +1,11 @@
-"""Helpers shared by the tests, examples and benchmarks: engine settings that fit the machine."""
+"""vLLM settings for a small model on the machine at hand: CPU eager mode and a fixed KV budget.
+
+For users as well as the tests, which is why it ships in the package: the evaluation
+(``python -m vllm_wedlm.evaluation``, also run by ``vllm_wedlm.training.seeds``), the example
+(examples/generate.py) and the benchmark harness start their engines with :func:`engine_kwargs`.
+:func:`serve_args` is the tests' (their ``vllm serve`` processes). Serving a real model needs
+none of this: vLLM's defaults fit it.
+"""
 
 from __future__ import annotations
 

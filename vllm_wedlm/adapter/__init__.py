@@ -1,1 +1,3 @@
-"""The only package that touches vLLM internals beyond the model class."""
+"""The WeDLM mode's hooks into vLLM: config hook, scheduler, model runner and workers, metrics and
+request validation. The other places that touch vLLM beyond its public API: cli.py (wraps three
+``EngineArgs`` methods) and plugin.py (writes vLLM's config registry)."""

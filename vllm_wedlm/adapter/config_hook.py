@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
-from vllm_wedlm.config import WeDLMSettings
+from vllm_wedlm.config import WeDLMSettings, max_window_tokens
 from vllm_wedlm.models.configuration_wedlm import body_of
 
 if TYPE_CHECKING:
@@ -80,10 +80,12 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     scheduler.scheduler_cls = SCHEDULER_CLS
     # Windows are planned from the previous step's result, which async scheduling does not wait for.
     scheduler.async_scheduling = False
-    # Every running request's window (at most 2W tokens) must fit one step's token budget.
-    max_seqs = scheduler.max_num_batched_tokens // (2 * settings.window_size)
+    # Every running request's window must fit one step's token budget.
+    window_tokens = max_window_tokens(settings.window_size)
+    max_seqs = scheduler.max_num_batched_tokens // window_tokens
     if max_seqs < 1:
-        _refuse(f"max_num_batched_tokens {scheduler.max_num_batched_tokens} is below 2 * window_size")
+        _refuse(f"max_num_batched_tokens {scheduler.max_num_batched_tokens} is below the {window_tokens} "
+                f"tokens of one window of size {settings.window_size}")
     if scheduler.max_num_seqs > max_seqs:
         logger.info("WeDLM: max_num_seqs %d -> %d so that every window fits the token budget",
                     scheduler.max_num_seqs, max_seqs)

@@ -17,7 +17,7 @@ class WeDLMCPUModelRunner(WeDLMRunnerMixin, CPUModelRunner):
 
 
 class WeDLMCPUWorker(WeDLMWorkerMixin, CPUWorker):
-    def init_device(self):
+    def init_device(self) -> None:
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMCPUModelRunner(self.vllm_config, torch.device("cpu"))

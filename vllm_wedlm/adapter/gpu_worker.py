@@ -18,7 +18,7 @@ class WeDLMGPUModelRunner(WeDLMRunnerMixin, GPUModelRunner):
 
 
 class WeDLMGPUWorker(WeDLMWorkerMixin, Worker):
-    def init_device(self):
+    def init_device(self) -> None:
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMGPUModelRunner(self.vllm_config, self.device)

@@ -8,11 +8,17 @@ registers this class in WeDLM mode. It changes no logits: the WeDLM runner sampl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
 from vllm_wedlm.config import WeDLMSettings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
@@ -43,7 +49,7 @@ def unsupported_features(params: SamplingParams) -> list[str]:
 
 class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
-    def validate_params(cls, sampling_params: SamplingParams):
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
         unsupported = unsupported_features(sampling_params)
         if unsupported:
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
@@ -53,7 +59,7 @@ class WeDLMRequestValidator(LogitsProcessor):
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         pass
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -62,5 +68,5 @@ class WeDLMRequestValidator(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return True
 
-    def update_state(self, batch_update) -> None:
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
         pass

@@ -1,7 +1,7 @@
 """Tiny WeDLM checkpoints: random weights, a locally trained tokenizer, the published config format.
 
-Both published bodies are available: ``qwen2`` (WeDLM-7B style: q/k/v biases, no q/k norm) and
-``qwen3`` (WeDLM-8B style: q/k norm, no biases). The output is a pure function of the arguments:
+Both published bodies are available (``BODIES`` in models/configuration_wedlm.py): ``qwen2``
+(WeDLM-7B style) and ``qwen3`` (WeDLM-8B style). The output is a pure function of the arguments:
 the same seed gives byte-identical files. Random weights prove correctness, not speed; set
 ``logit_scale`` above 1 to sharpen the output distribution (a scaled ``lm_head``) so that a model
 is confident about some positions, as WeDLM's parallel decoding needs to be exercised.
@@ -21,19 +21,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from vllm_wedlm.checkpoints.corpus import corpus
-from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, AUTO_MAP, BODIES, MODEL_TYPE, WeDLMConfig
 from vllm_wedlm.models.transformers_body import model_for
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
-VARIANTS = {"qwen2": {"attention_bias": True, "qk_norm": False}, "qwen3": {"attention_bias": False, "qk_norm": True}}
+MASK_TOKEN = "<|mask|>"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", MASK_TOKEN)
 # ChatML, as the Qwen and WeDLM instruct models use.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# The special tokens' roles in tokenizer_config.json.
+_TOKEN_ROLES = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": MASK_TOKEN}
 
 
 @dataclass(frozen=True)
@@ -86,14 +88,10 @@ def train_bpe_tokenizer(
 
 def published_config(spec: TinySpec, vocab_size: int, ids: dict[str, int]) -> dict:
     """config.json in the layout of the published WeDLM checkpoints (research/wedlm.md 1.1)."""
-    flags = VARIANTS[spec.variant]
     config = {
-        "architectures": ["WeDLMForCausalLM"],
-        "auto_map": {
-            "AutoConfig": "configuration_wedlm.WeDLMConfig",
-            "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
-        },
-        "attention_bias": flags["attention_bias"],
+        "architectures": [ARCHITECTURE],
+        "auto_map": dict(AUTO_MAP),
+        **BODIES[spec.variant],
         "attention_dropout": 0.0,
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|endoftext|>"],
@@ -102,15 +100,14 @@ def published_config(spec: TinySpec, vocab_size: int, ids: dict[str, int]) -> di
         "initializer_range": 0.02,
         "intermediate_size": spec.intermediate_size,
         "layer_types": ["full_attention"] * spec.num_hidden_layers,
-        "mask_token_id": ids["<|mask|>"],
+        "mask_token_id": ids[MASK_TOKEN],
         "max_position_embeddings": spec.max_position_embeddings,
         "max_window_layers": spec.num_hidden_layers,
-        "model_type": "wedlm",
+        "model_type": MODEL_TYPE,
         "num_attention_heads": spec.num_attention_heads,
         "num_hidden_layers": spec.num_hidden_layers,
         "num_key_value_heads": spec.num_key_value_heads,
         "pad_token_id": ids["<|endoftext|>"],
-        "qk_norm": flags["qk_norm"],
         "rms_norm_eps": 1e-06,
         "rope_scaling": None,
         "rope_theta": spec.rope_theta,
@@ -138,8 +135,8 @@ def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
 
 def config_for(spec: TinySpec, tokenizer: Tokenizer) -> dict:
     """The published-format config.json of a model with ``spec``'s shapes and this tokenizer."""
-    if spec.variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {spec.variant!r}")
+    if spec.variant not in BODIES:
+        raise ValueError(f"variant must be one of {sorted(BODIES)}, got {spec.variant!r}")
     ids = special_token_ids(tokenizer)
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64  # padded rows, like Qwen's 151936
     return published_config(spec, vocab_size, ids)
@@ -176,10 +173,7 @@ def write_model_files(out: Path, tokenizer: Tokenizer, spec: TinySpec, config: d
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "mask_token": "<|mask|>",
+        **_TOKEN_ROLES,
         "model_max_length": spec.max_position_embeddings,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
@@ -193,6 +187,12 @@ def write_model_files(out: Path, tokenizer: Tokenizer, spec: TinySpec, config: d
     _write_json(out / "tiny_spec.json", asdict(spec))
 
 
+def chat_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """``tokenizer`` as transformers loads it from a checkpoint written here: with the chat template
+    and the special tokens' roles of its tokenizer_config.json."""
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=CHAT_TEMPLATE, **_TOKEN_ROLES)
+
+
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write a tiny random WeDLM checkpoint.")
     parser.add_argument("out_dir")
     defaults = TinySpec()
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default=defaults.variant)
+    parser.add_argument("--variant", choices=sorted(BODIES), default=defaults.variant)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--num-hidden-layers", type=int, default=defaults.num_hidden_layers)
     parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)

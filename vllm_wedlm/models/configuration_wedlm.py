@@ -1,13 +1,9 @@
-"""The transformers config class for WeDLM checkpoints (``model_type: "wedlm"``).
+"""The transformers config class for WeDLM checkpoints, and the facts of the published format.
 
 Published WeDLM checkpoints point ``auto_map`` at remote code. Registering this class under
 ``"wedlm"`` lets transformers and vLLM load them with ``trust_remote_code`` off: a model type with
-a local class is never resolved through ``auto_map``.
-
-One class covers both published bodies, which differ only in two flags:
-
-* WeDLM-7B (Qwen2.5 body): ``attention_bias=True``, ``qk_norm=False``;
-* WeDLM-8B (Qwen3 body): ``attention_bias=False``, ``qk_norm=True``.
+a local class is never resolved through ``auto_map``. One class covers both published bodies,
+which differ only in two flags (``BODIES``).
 """
 
 from __future__ import annotations
@@ -15,12 +11,28 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers import Qwen3Config
 
+#: ``model_type`` and ``architectures`` of a WeDLM config.json.
+MODEL_TYPE = "wedlm"
+ARCHITECTURE = "WeDLMForCausalLM"
+
+#: The published config.json's ``auto_map``: remote code this package never runs, written into the
+#: checkpoints it makes so that they have the published format.
+AUTO_MAP = {
+    "AutoConfig": "configuration_wedlm.WeDLMConfig",
+    "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
+}
+
+#: The published bodies, by their base model's ``model_type``, and the flags that mark each in
+#: config.json: WeDLM-7B has Qwen2.5's body (q/k/v biases, no q/k norm), WeDLM-8B Qwen3's (q/k
+#: norm, no biases).
+BODIES = {
+    "qwen2": {"attention_bias": True, "qk_norm": False},
+    "qwen3": {"attention_bias": False, "qk_norm": True},
+}
+
 #: The mask token id of the real WeDLM checkpoints. Their configs carry ``mask_token_id: null``
 #: and WeDLM's own engine and trainer fall back to this id.
 DEFAULT_MASK_TOKEN_ID = 151665
-
-#: The (attention_bias, qk_norm) pairs that a published WeDLM body uses.
-SUPPORTED_BODIES = {(True, False): "Qwen2", (False, True): "Qwen3"}
 
 
 @strict
@@ -31,7 +43,7 @@ class WeDLMConfig(Qwen3Config):
     ``torch_dtype``) are converted by transformers' own config machinery.
     """
 
-    model_type = "wedlm"
+    model_type = MODEL_TYPE
 
     # Qwen2-style configs carry no head_dim; it is then hidden_size // num_attention_heads.
     head_dim: int | None = None
@@ -49,20 +61,25 @@ class WeDLMConfig(Qwen3Config):
 
     @property
     def body(self) -> str:
-        """``"Qwen2"`` or ``"Qwen3"``: which published architecture these flags describe."""
+        """``"qwen2"`` or ``"qwen3"``: which published body these flags describe."""
         return body_of(self)
 
 
-def body_of(config) -> str:
-    """``"Qwen2"`` or ``"Qwen3"`` for any config object with WeDLM's two flags."""
-    bias, qk_norm = bool(getattr(config, "attention_bias", False)), bool(getattr(config, "qk_norm", False))
-    if (bias, qk_norm) not in SUPPORTED_BODIES:
-        raise ValueError(
-            f"WeDLM config has attention_bias={bias} and qk_norm={qk_norm}; a WeDLM model is either "
-            "Qwen2-style (attention_bias=true, qk_norm=false) or Qwen3-style (attention_bias=false, "
-            "qk_norm=true)."
-        )
-    return SUPPORTED_BODIES[(bias, qk_norm)]
+def body_of(config: object) -> str:
+    """The published body (a key of ``BODIES``) of any config object with WeDLM's two flags."""
+    flags = {name: bool(getattr(config, name, False)) for name in BODIES["qwen3"]}
+    for body, body_flags in BODIES.items():
+        if flags == body_flags:
+            return body
+    raise ValueError(
+        f"WeDLM config has {_flags(flags)}; a WeDLM model is either "
+        + " or ".join(f"{body}-style ({_flags(body_flags)})" for body, body_flags in BODIES.items())
+        + "."
+    )
 
 
-__all__ = ["DEFAULT_MASK_TOKEN_ID", "WeDLMConfig", "body_of"]
+def _flags(flags: dict[str, bool]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in flags.items())
+
+
+__all__ = ["ARCHITECTURE", "AUTO_MAP", "BODIES", "DEFAULT_MASK_TOKEN_ID", "MODEL_TYPE", "WeDLMConfig", "body_of"]

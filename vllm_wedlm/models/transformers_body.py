@@ -13,20 +13,20 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.configuration_wedlm import BODIES, WeDLMConfig
 
-_CLASSES = {"Qwen2": (Qwen2Config, Qwen2ForCausalLM), "Qwen3": (Qwen3Config, Qwen3ForCausalLM)}
-# Fields of WeDLMConfig that the Qwen config classes do not have.
-_WEDLM_ONLY = ("qk_norm", "mask_token_id", "auto_map", "model_type", "architectures", "transformers_version")
+_CLASSES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+# Fields of a WeDLMConfig that are not the Qwen config's: WeDLM's and the checkpoint's own. The body
+# flags (BODIES) are left out too: they are what the Qwen class of that body builds by default.
+_WEDLM_ONLY = ("mask_token_id", "auto_map", "model_type", "architectures", "transformers_version")
 
 
-def qwen_config_for(config: WeDLMConfig):
+def qwen_config_for(config: WeDLMConfig) -> Qwen2Config | Qwen3Config:
     """The Qwen2Config / Qwen3Config with the same hyper-parameters as a WeDLM config."""
     config_cls, _ = _CLASSES[config.body]
-    fields = {k: v for k, v in config.to_dict().items() if k not in _WEDLM_ONLY}
-    if config.body == "Qwen2":
+    fields = {k: v for k, v in config.to_dict().items() if k not in _WEDLM_ONLY and k not in BODIES[config.body]}
+    if config.body == "qwen2":
         fields.pop("head_dim", None)  # Qwen2 derives it from hidden_size / num_attention_heads
-        fields.pop("attention_bias", None)  # Qwen2 always has q/k/v biases
     return config_cls(**fields)
 
 

@@ -1,4 +1,4 @@
-"""Turn a transformers Qwen2/Qwen3 causal LM into a WeDLM checkpoint (and optionally train it).
+"""Turn a transformers Qwen2/Qwen3 causal LM into a WeDLM checkpoint.
 
 A WeDLM model has its base model's weights and layout (research/wedlm.md 1.2); what changes is
 the config (``model_type: wedlm``, ``architectures: [WeDLMForCausalLM]``, ``qk_norm``,
@@ -7,23 +7,22 @@ has no mask token, one is added, reusing a padded embedding row where the matrix
 (as Qwen's 151936-row matrices do) and growing the matrix otherwise.
 
     python -m vllm_wedlm.training.convert QWEN_DIR OUT_DIR
+
+To train such a model with WeDLM's objective as well: ``python -m vllm_wedlm.training OUT_DIR
+--from-pretrained QWEN_DIR`` (train.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE
-from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
-from vllm_wedlm.plugin import ARCHITECTURE, MODEL_TYPE
-
-MASK_TOKEN = "<|mask|>"
-_BODIES = {"qwen2": {"qk_norm": False, "attention_bias": True}, "qwen3": {"qk_norm": True}}
+from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE, MASK_TOKEN
+from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, AUTO_MAP, BODIES, MODEL_TYPE, WeDLMConfig
 
 
 def add_mask_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, mask_token: str = MASK_TOKEN) -> int:
@@ -36,32 +35,38 @@ def add_mask_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, m
     return mask_id
 
 
+def add_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Give a tokenizer without a chat template (a base model's) the ChatML one of WeDLM's instruct models."""
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
+
+
 def wedlm_config(model: PreTrainedModel, mask_token_id: int) -> dict:
     """The published-format WeDLM config.json of a transformers Qwen2/Qwen3 model."""
     model_type = model.config.model_type
-    if model_type not in _BODIES:
+    if model_type not in BODIES:
         raise ValueError(f"only Qwen2 and Qwen3 causal LMs convert to WeDLM, not model_type {model_type!r}")
     config = model.config.to_dict()
-    config.update(_BODIES[model_type])
+    # The body fixes the flags that its Qwen config class has no field for (Qwen2: both); a flag the
+    # class has (Qwen3's attention_bias) is the model's own, and save_wedlm checks it.
+    fields = {field.name for field in dataclasses.fields(model.config)}
+    config.update({flag: value for flag, value in BODIES[model_type].items() if flag not in fields})
     config.update(
         architectures=[ARCHITECTURE],
         model_type=MODEL_TYPE,
-        auto_map={
-            "AutoConfig": "configuration_wedlm.WeDLMConfig",
-            "AutoModelForCausalLM": "modeling_wedlm.WeDLMForCausalLM",
-        },
+        auto_map=dict(AUTO_MAP),
         mask_token_id=mask_token_id,
         vocab_size=model.get_input_embeddings().weight.shape[0],
     )
     return dict(sorted(config.items()))
 
 
-def save_wedlm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, mask_token_id: int) -> Path:
+def save_wedlm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path,
+               mask_token_id: int) -> Path:
     """Write model, tokenizer and WeDLM config; checks that the config loads as a WeDLMConfig."""
     out = Path(out_dir)
     model.save_pretrained(out)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = CHAT_TEMPLATE
+    add_chat_template(tokenizer)
     tokenizer.save_pretrained(out)
     (out / "config.json").write_text(json.dumps(wedlm_config(model, mask_token_id), indent=2) + "\n")
     WeDLMConfig.from_pretrained(out)  # raises if the body flags are not a published combination
@@ -73,28 +78,6 @@ def convert(src: str | Path, out_dir: str | Path, mask_token: str = MASK_TOKEN) 
     model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(src)
     return save_wedlm(model, tokenizer, out_dir, add_mask_token(model, tokenizer, mask_token))
-
-
-def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe, device: torch.device) -> Path:
-    """Fine-tune a Qwen2/Qwen3 AR model with WeDLM's objective on the task mixture; save as WeDLM."""
-    from vllm_wedlm.training.train import Vocabulary, train, training_samples
-    from vllm_wedlm.training.tasks import mixture
-
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    mask_id = add_mask_token(model, tokenizer)
-    if "<|im_end|>" not in tokenizer.get_vocab():
-        raise ValueError("the tokenizer has no <|im_end|>; WeDLM's instruct format is ChatML")
-    vocab = Vocabulary(
-        encode=lambda text: tokenizer(text, add_special_tokens=False).input_ids,
-        mask_token_id=mask_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-        im_end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-    )
-    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
-    samples = training_samples(tasks, vocab, recipe)
-    train(model, samples, vocab, recipe, device=device)
-    return save_wedlm(model.to("cpu"), tokenizer, out_dir, mask_id)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,7 +24,7 @@ class Batch:
     mlm_weights: torch.Tensor  # [N, 2L] float
     ar_targets: torch.Tensor  # [N, 2L] long, IGNORE where no AR loss
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
 
 

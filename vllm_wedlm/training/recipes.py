@@ -51,7 +51,7 @@ class Recipe:
         if not 0.0 <= self.suffix_mask_prob <= 1.0:
             raise ValueError(f"suffix_mask_prob must be in [0, 1], got {self.suffix_mask_prob!r}")
 
-    def with_overrides(self, **overrides) -> "Recipe":
+    def with_overrides(self, **overrides) -> Recipe:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -136,21 +136,28 @@ def summarise(out: Path, seeds: list[int], variants: dict[str, list[str]]) -> di
     return summary
 
 
+def _spread_cell(spread: dict, key: str, number_format: str) -> str:
+    """``median (min..max)`` of one metric."""
+    return "{} ({}..{})".format(*(format(spread[key][s], number_format) for s in ("median", "min", "max")))
+
+
 def report(summary: dict) -> str:
-    lines = ["| variant | seed | AR arithmetic acc | WeDLM arithmetic acc | gap | WeDLM arithmetic TPF | WeDLM counting TPF |",
+    lines = ["| variant | seed | AR arithmetic acc | WeDLM arithmetic acc | gap | WeDLM arithmetic TPF "
+             "| WeDLM counting TPF |",
              "|---|---|---|---|---|---|---|"]
     for name, entry in summary["variants"].items():
         for seed, row in entry["runs"].items():
-            lines.append(f"| {name} | {seed} | {row['arithmetic/ar/accuracy']:.3f} | {row['arithmetic/wedlm/accuracy']:.3f} "
+            lines.append(f"| {name} | {seed} | {row['arithmetic/ar/accuracy']:.3f} "
+                         f"| {row['arithmetic/wedlm/accuracy']:.3f} "
                          f"| {row['gap']:+.3f} | {row['arithmetic/wedlm/tokens_per_forward']:.2f} "
                          f"| {row['counting/wedlm/tokens_per_forward']:.2f} |")
         spread = entry["spread"]
         if spread:
-            cell = lambda key, f: "{} ({}..{})".format(*(format(spread[key][s], f) for s in ("median", "min", "max")))  # noqa: E731
-            lines.append(f"| **{name}** | median (min..max) | {cell('arithmetic/ar/accuracy', '.3f')} "
-                         f"| {cell('arithmetic/wedlm/accuracy', '.3f')} | {cell('gap', '+.3f')} "
-                         f"| {cell('arithmetic/wedlm/tokens_per_forward', '.2f')} "
-                         f"| {cell('counting/wedlm/tokens_per_forward', '.2f')} |")
+            lines.append(f"| **{name}** | median (min..max) | {_spread_cell(spread, 'arithmetic/ar/accuracy', '.3f')} "
+                         f"| {_spread_cell(spread, 'arithmetic/wedlm/accuracy', '.3f')} "
+                         f"| {_spread_cell(spread, 'gap', '+.3f')} "
+                         f"| {_spread_cell(spread, 'arithmetic/wedlm/tokens_per_forward', '.2f')} "
+                         f"| {_spread_cell(spread, 'counting/wedlm/tokens_per_forward', '.2f')} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 KINDS = ("counting", "arithmetic", "code", "prose")
 SPLITS = ("train", "test")
@@ -51,6 +52,12 @@ class Task:
         return chat
 
 
+def chat_prompt(tokenizer: Any, task: Task) -> str:
+    """The chat of ``task`` up to the assistant's answer, as the tokenizer's own chat template renders
+    it (a transformers tokenizer): the text vLLM's chat endpoints give the model for this task."""
+    return tokenizer.apply_chat_template(task.messages(with_response=False), add_generation_prompt=True, tokenize=False)
+
+
 def split_of(prompt: str) -> str:
     digest = hashlib.sha256(prompt.encode()).digest()
     return "test" if int.from_bytes(digest[:4], "big") % TEST_SHARE == 0 else "train"
@@ -77,7 +84,8 @@ def _counting(rng: random.Random, top: int) -> Task:
     if style == 2:
         a = 2 * rng.randint(0, (top - 2 * longest) // 2)
         b = a + 2 * rng.randint(4, max(4, longest * 2 // 3))
-        return Task("counting", f"List the even numbers from {a} to {b}.", ", ".join(map(str, range(a, b + 1, 2))) + ".")
+        evens = ", ".join(map(str, range(a, b + 1, 2))) + "."
+        return Task("counting", f"List the even numbers from {a} to {b}.", evens)
     if style == 3:
         k = rng.randint(3, max(3, min(10, top // 15)))
         n = rng.randint(4, max(4, min(15, top // (2 * k))))

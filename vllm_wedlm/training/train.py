@@ -1,6 +1,6 @@
 """Train a WeDLM model: from scratch (a recipe's shapes) or from a transformers Qwen2/Qwen3 AR model.
 
-    python -m vllm_wedlm.training OUT_DIR --recipe micro            # CPU, a few minutes
+    python -m vllm_wedlm.training OUT_DIR --recipe micro            # a GPU: 3 minutes, a CPU: 20
     python -m vllm_wedlm.training OUT_DIR --recipe small            # one GPU, under ten minutes
     python -m vllm_wedlm.training OUT_DIR --from-pretrained QWEN_DIR --steps 2000
 
@@ -22,12 +22,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from vllm_wedlm.checkpoints.tiny import config_for, random_model, train_bpe_tokenizer, write_checkpoint
+from vllm_wedlm.checkpoints.tiny import (
+    MASK_TOKEN,
+    chat_tokenizer,
+    config_for,
+    random_model,
+    train_bpe_tokenizer,
+    write_checkpoint,
+)
+from vllm_wedlm.training.convert import add_chat_template, add_mask_token, save_wedlm
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import MLM_WEIGHTINGS, RECIPES, Recipe
-from vllm_wedlm.training.tasks import KINDS, Task, mixture
+from vllm_wedlm.training.tasks import KINDS, Task, chat_prompt, mixture
 
 
 @dataclass(frozen=True)
@@ -35,29 +44,36 @@ class Vocabulary:
     """What training needs of a tokenizer."""
 
     encode: Callable[[str], list[int]]
+    prompt: Callable[[Task], str]  # the chat up to the assistant's answer (see chat_prompt)
     mask_token_id: int
     pad_token_id: int
     im_end_id: int
 
     @classmethod
-    def of_tokenizer(cls, tokenizer: Tokenizer) -> "Vocabulary":
-        """The vocabulary of a tokenizer made by ``train_bpe_tokenizer`` (WeDLM's special tokens)."""
+    def of_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, mask_token: str = MASK_TOKEN) -> Vocabulary:
+        """The vocabulary of a tokenizer with a chat template, ``mask_token`` and ChatML's ``<|im_end|>``."""
         return cls(
-            encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-            mask_token_id=tokenizer.token_to_id("<|mask|>"),
-            pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
-            im_end_id=tokenizer.token_to_id("<|im_end|>"),
+            encode=lambda text: tokenizer(text, add_special_tokens=False).input_ids,
+            prompt=lambda task: chat_prompt(tokenizer, task),
+            mask_token_id=tokenizer.convert_tokens_to_ids(mask_token),
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            im_end_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         )
 
 
-def chat_prompt(task: Task) -> str:
-    """The ChatML text up to the assistant's answer, exactly as the chat template renders it."""
-    return f"<|im_start|>user\n{task.prompt}<|im_end|>\n<|im_start|>assistant\n"
+def chat_bpe_tokenizer(tasks: list[Task], vocab_target: int) -> Tokenizer:
+    """A byte-level BPE tokenizer (digits split) learned from the chats of ``tasks``, as the ChatML
+    template of the tiny checkpoints renders them: a from-scratch model's tokenizer."""
+    # Rendering takes the template alone: an empty tokenizer carrying it renders the chats before
+    # there is a vocabulary.
+    template = chat_tokenizer(Tokenizer(models.BPE()))
+    texts = [chat_prompt(template, task) + task.response + "<|im_end|>" for task in tasks]
+    return train_bpe_tokenizer(texts, vocab_target, split_digits=True)
 
 
 def tokenize(task: Task, vocab: Vocabulary, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(ids [L], maskable [L]) of one chat: the prompt is never masked and carries no loss."""
-    prompt = vocab.encode(chat_prompt(task))
+    prompt = vocab.encode(vocab.prompt(task))
     answer = vocab.encode(task.response) + [vocab.im_end_id] * recipe.learnable_im_end
     if len(prompt) + recipe.learnable_im_end + 8 > recipe.max_length:
         return None
@@ -165,9 +181,8 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     device = device or pick_device(None)
     torch.manual_seed(recipe.seed)
     tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
-    texts = [chat_prompt(t) + t.response + "<|im_end|>" for t in tasks]
-    tokenizer = train_bpe_tokenizer(texts, recipe.vocab_target, split_digits=True)
-    vocab = Vocabulary.of_tokenizer(tokenizer)
+    tokenizer = chat_bpe_tokenizer(tasks, recipe.vocab_target)
+    vocab = Vocabulary.of_tokenizer(chat_tokenizer(tokenizer))
     samples = training_samples(tasks, vocab, recipe)
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
     parameters = sum(p.numel() for p in model.parameters())
@@ -177,6 +192,20 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     out = write_checkpoint(out_dir, tokenizer, recipe.model, model.float())
     _write_training_record(out, recipe, history, device)
     return out
+
+
+def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe: Recipe, device: torch.device) -> Path:
+    """Fine-tune a Qwen2/Qwen3 AR model with WeDLM's objective on the task mixture; save as WeDLM."""
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    mask_id = add_mask_token(model, tokenizer)
+    if "<|im_end|>" not in tokenizer.get_vocab():
+        raise ValueError("the tokenizer has no <|im_end|>; WeDLM's instruct format is ChatML")
+    add_chat_template(tokenizer)  # the template the checkpoint is saved with
+    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
+    vocab = Vocabulary.of_tokenizer(tokenizer)
+    train(model, training_samples(tasks, vocab, recipe), vocab, recipe, device=device)
+    return save_wedlm(model.to("cpu"), tokenizer, out_dir, mask_id)
 
 
 def device_name(device: torch.device) -> str:
@@ -215,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--max-number", type=int, help="bound on the numbers of counting and arithmetic tasks")
-    parser.add_argument("--tasks", metavar="KIND=N,...", help="training tasks per kind, e.g. counting=4000,arithmetic=16000")
+    parser.add_argument("--tasks", metavar="KIND=N,...",
+                        help="training tasks per kind, e.g. counting=4000,arithmetic=16000")
     parser.add_argument("--oversample", metavar="KIND=N,...", help="repeat each chat of a kind N times per epoch")
     parser.add_argument("--ar-weight", type=float, help="weight w of the auxiliary AR loss: (mlm + w * ar) / (1 + w)")
     parser.add_argument("--mlm-weighting", choices=MLM_WEIGHTINGS, help="weights of masked rows in the MLM loss")
@@ -241,8 +271,6 @@ def main(argv: list[str] | None = None) -> None:
         ))
     device = pick_device(args.device)
     if args.from_pretrained:
-        from vllm_wedlm.training.convert import train_from_pretrained
-
         out = train_from_pretrained(args.from_pretrained, args.out_dir, recipe, device)
     else:
         out = train_from_scratch(args.out_dir, recipe, device)
