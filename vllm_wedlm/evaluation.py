@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="GPU memory share of each engine (several evaluations can share one GPU)")
     parser.add_argument("--kv-cache-memory-bytes", type=int,
                         help="fixed KV cache size (skips memory profiling, which other engines on the GPU disturb)")
+    parser.add_argument("--dtype", help="the engine's dtype (default: the checkpoint's)")
+    parser.add_argument("--quantization", help="vLLM's --quantization, e.g. fp8 (GPU)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     overrides = {}
@@ -118,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         overrides["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.kv_cache_memory_bytes:
         overrides["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    if args.dtype:
+        overrides["dtype"] = args.dtype
+    if args.quantization:
+        overrides["quantization"] = args.quantization
     tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")), max_number=trained_max_number(args.model))
     report = {"model": args.model, "per_kind": args.per_kind, "modes": {}}
     for mode in args.modes.split(","):
