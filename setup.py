@@ -23,7 +23,7 @@ setup(
     python_requires=">=3.10,<3.14",
     packages=find_packages(include=["vllm_wedlm", "vllm_wedlm.*"]),
     # The trained micro checkpoint (vllm_wedlm.checkpoints.MICRO_CHECKPOINT): a few MB.
-    package_data={"vllm_wedlm.checkpoints": ["micro/*"]},
+    package_data={"vllm_wedlm.checkpoints": ["micro/*"], "vllm_wedlm.demo": ["page.html"]},
     install_requires=[
         # What the plugin imports itself; vLLM 0.26.0 pins compatible versions of each.
         "torch==2.11.0",
@@ -40,6 +40,9 @@ setup(
         "vllm.general_plugins": ["wedlm = vllm_wedlm:register"],
         # No "vllm.stat_logger_plugins" entry: vLLM would load it for every engine on the machine
         # (adapter/metrics.py); WeDLM engines get their metrics logger when WeDLM is asked for.
-        "console_scripts": ["vllm-wedlm-make-tiny = vllm_wedlm.checkpoints.tiny:main"],
+        "console_scripts": [
+            "vllm-wedlm-make-tiny = vllm_wedlm.checkpoints.tiny:main",
+            "vllm-wedlm-demo = vllm_wedlm.demo:main",
+        ],
     },
 )

@@ -8,6 +8,9 @@
 #      index does not have), plus a metadata-only `vllm` record: `vllm serve` looks up the
 #      distribution `vllm` and reads "+cpu" in its version to pick the CPU platform;
 #   4. this package (editable, so its vllm.general_plugins entry point is found).
+# Before all that, and outside the stamp: headless Chromium and its WebDriver for the web demo's
+# browser test (tests/test_demo.py), Debian's chromium and chromium-driver, installed with apt-get
+# when missing and when running as root (a CI machine); otherwise a note says what to install.
 # No torchvision/torchaudio/torchcodec: the index's builds break transformers against this torch.
 #
 # Refreezing requirements/vllm-0.26.0-cpu.txt after a vLLM bump: install vLLM's Requires-Dist
@@ -18,6 +21,19 @@ cd "$root"
 venv="${VLLM_WEDLM_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
 stamp="$venv/.vllm_wedlm_setup"
+
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "installing chromium and chromium-driver (apt-get) for tests/test_demo.py"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq chromium chromium-driver > /dev/null
+  else
+    echo "note: tests/test_demo.py needs /usr/bin/chromium and /usr/bin/chromedriver:" \
+      "as root, apt-get install chromium chromium-driver" >&2
+  fi
+fi
+
 want="$(cat scripts/setup.sh setup.py requirements/*.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
