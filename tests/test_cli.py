@@ -11,12 +11,16 @@ import vllm_wedlm
 
 
 @pytest.fixture(scope="module")
-def serve_parser():
+def serve_parser(tmp_path_factory):
     vllm_wedlm.register()
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser())
+    parser = make_arg_parser(FlexibleArgumentParser())
+    # A local model directory: vLLM resolves a hub name at EngineArgs construction, which an
+    # offline machine (HF_HUB_OFFLINE, as on the GPU machine) refuses without a cached snapshot.
+    parser.set_defaults(model=str(tmp_path_factory.mktemp("local-model")))
+    return parser
 
 
 def engine_args(parser, argv):
@@ -88,7 +92,12 @@ def test_wedlm_mode_installs_the_plugin_pieces(tiny_checkpoints):
                         kv_cache_memory_bytes=1 << 26,
                         additional_config={"decoding": "wedlm", "window_size": 16}).create_engine_config()
     assert config.scheduler_config.scheduler_cls == "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
-    assert config.parallel_config.worker_cls == "vllm_wedlm.adapter.cpu_worker.WeDLMCPUWorker"
+    from vllm_wedlm.adapter.config_hook import WORKER_CLS
+    from vllm_wedlm.testing import on_gpu
+
+    # The worker of this machine's platform: CPU here and in CI, CUDA on a GPU machine.
+    assert config.parallel_config.worker_cls == WORKER_CLS["cuda" if on_gpu() else "cpu"]
+    assert config.parallel_config.worker_cls.endswith("GPUWorker" if on_gpu() else "CPUWorker")
     assert config.scheduler_config.async_scheduling is False
     assert config.scheduler_config.max_num_seqs * 32 <= config.scheduler_config.max_num_batched_tokens
     assert not config.use_v2_model_runner

@@ -43,6 +43,7 @@ def test_first_step_is_all_masks_and_commits_nothing():
 
 def test_window_never_reaches_the_limit():
     assert len(plan_step(None, 16, committed_len=7, limit=10, mask_id=M).window) == 3
+    assert len(plan_step(None, 16, committed_len=7, limit=None, mask_id=M).window) == 16  # no KV end
     # Two leading filled slots commit, but only one new slot fits before the limit.
     plan = plan_step(window("AB."), 3, committed_len=7, limit=11, mask_id=M)
     assert plan.num_commit == 2 and len(plan.window) == 4

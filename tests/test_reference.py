@@ -1,11 +1,14 @@
 """The reference decoder against a literal transcription of WeDLM's pseudo-code (wedlm.md 2.9).
 
 The transcription below uses plain Python lists and no ``core`` function, so it checks ``core``
-and the decoder independently. One deliberate difference from WeDLM's engine is shared by both:
-a window never extends past ``limit`` (prompt + max_tokens), where WeDLM keeps W slots to the end.
+and the decoder independently. As in WeDLM's engine (2.7), the window keeps W undecided slots up
+to the end, whatever max_tokens is; its only bound is the KV room of a vLLM request, which ends at
+max_model_len (WeDLM's kv_budget, 2.8).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -18,17 +21,19 @@ from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 
 
-def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=()):
-    limit = len(prompt) + max_tokens
+def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=(), max_model_len=None):
+    def kv_budget(L):  # window slots that fit after L tokens
+        return math.inf if max_model_len is None else max_model_len - L
+
     seq = list(prompt)
-    win, flags = [mask] * min(W, limit - len(seq)), [True] * min(W, limit - len(seq))
+    win, flags = [mask] * min(W, kv_budget(len(seq))), [True] * min(W, kv_budget(len(seq)))
     forwards = 0
     while True:
         L = len(seq)
         p = 0
         while p < len(flags) and not flags[p]:
             p += 1
-        add = max(0, min(p, limit - L - len(win)))
+        add = max(0, min(p, kv_budget(L) - len(win)))
         win, flags = win + [mask] * add, flags + [True] * add
         order = [i for i in range(len(win)) if not flags[i]] + [i for i in range(len(win)) if flags[i]]
         ids = seq + [win[i] for i in order]
@@ -38,7 +43,7 @@ def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=()):
         forwards += 1
         for t in win[:p]:
             seq.append(t)
-            if t in stop_ids or len(seq) >= limit:
+            if t in stop_ids or len(seq) - len(prompt) >= max_tokens or len(seq) == max_model_len:
                 return seq[len(prompt):], forwards
         win, flags = win[p:], flags[p:]
         masks = [i for i in range(len(win)) if flags[i]]
@@ -100,3 +105,37 @@ def test_stop_token_ends_at_the_token_and_keeps_it(sharp_model):
     out = decoder.generate(prompt, StopRule(max_tokens=24, stop_token_ids=frozenset({stop_at})),
                            WeDLMParams(0.4, 0.02))
     assert out.token_ids == full[: first + 1] and out.finish_reason == "stop"
+
+
+@pytest.fixture(scope="module")
+def sharper_model(tmp_path_factory):
+    """logit_scale 100: tau 0.4 fills about half of a window's masks per forward here."""
+    path = build_checkpoint(tmp_path_factory.mktemp("ref100"), TinySpec(variant="qwen3", logit_scale=100.0))
+    return load_transformers_model(path), WeDLMConfig.from_pretrained(path).mask_token_id
+
+
+@pytest.mark.parametrize("W", [4, 8, 16])
+def test_tokens_do_not_depend_on_max_tokens(sharper_model, W):
+    """A request's first n tokens are the same for every max_tokens >= n, in the literal algorithm
+    and in the reference decoder: the window near the end still holds W undecided slots."""
+    model, mask = sharper_model
+    prompt = [5, 17, 33, 8, 2, 41]
+    decoder = ReferenceDecoder(model, mask, W)
+    longest, forwards = literal_wedlm(model, prompt, W, 0.4, 0.02, 100, mask)
+    assert len(longest) == 100 and 1.3 < 100 / forwards < 0.8 * W  # partial fills
+    for n in [*range(5, 100, 12), 100]:
+        out = decoder.generate(prompt, StopRule(max_tokens=n), WeDLMParams(0.4, 0.02))
+        assert out.token_ids == literal_wedlm(model, prompt, W, 0.4, 0.02, n, mask)[0] == longest[:n], n
+        assert out.finish_reason == "length"
+
+
+def test_window_shrinks_only_at_max_model_len(sharper_model):
+    """At max_model_len the window is cut to the room left (no slot past it) and the request ends
+    there, however large max_tokens is."""
+    model, mask = sharper_model
+    prompt = [5, 17, 33, 8, 2, 41]
+    decoder = ReferenceDecoder(model, mask, 16)
+    out = decoder.generate(prompt, StopRule(max_tokens=1000, max_model_len=50), WeDLMParams(0.4, 0.02))
+    expected, forwards = literal_wedlm(model, prompt, 16, 0.4, 0.02, 1000, mask, max_model_len=50)
+    assert out.token_ids == expected and len(expected) == 50 - len(prompt)
+    assert out.num_forwards == forwards and out.finish_reason == "length"

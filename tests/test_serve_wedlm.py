@@ -14,17 +14,21 @@ import pytest
 import requests
 
 from conftest import build_checkpoint
-from servers import post, running_server, sse_events
+from metric_families import served_families, stock_vllm_families
+from servers import model_name, post, running_server, sse_events
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 from vllm_wedlm.server_process import prometheus_counters
+from vllm_wedlm.testing import serve_args
 
 WINDOW = 8
 FILL_ALL = {"wedlm_entropy_threshold": 1e9}  # every mask fills: whole windows commit at once
 PROMPT = "1, 2, 3, 4, 5"
+ARGS = ("--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
+        "--wedlm-entropy-threshold", "0.4")
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +49,7 @@ def setup(tmp_path_factory):
         config["eos_token_id"] = eos
         (path / name).write_text(json.dumps(config))
     log = root / "vllm-serve.log"
-    with running_server(path, "--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
-                        "--wedlm-entropy-threshold", "0.4", log_path=log,
-                        env={"VLLM_LOG_STATS_INTERVAL": "1"}) as url:
+    with running_server(path, *ARGS, log_path=log, env={"VLLM_LOG_STATS_INTERVAL": "1"}) as url:
         yield url, reference, eos, log
 
 
@@ -125,6 +127,11 @@ def test_chat_stream(setup):
     ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured outputs"),
     ({"response_format": {"type": "json_object"}}, "structured outputs"),
     ({"logprobs": 2}, "logprobs"),
+    # Misspelt knobs: an error naming the accepted keys, not a silent default.
+    ({"vllm_xargs": {"wedlm_window": 4}},
+     "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_entropy_threshold', "
+     "'wedlm_pos_penalty'"),
+    ({"vllm_xargs": {"wedlm_entropy_treshold": 0.5}}, "unknown WeDLM key\\(s\\) 'wedlm_entropy_treshold'"),
     ({"prompt": "1, 2, 3, " * 400}, "maximum context length|max_model_len|too long|longer than"),
 ])
 def test_bad_requests_get_a_400_and_the_server_keeps_serving(setup, body, message):
@@ -190,8 +197,9 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
     url, *_, log = setup
     before = prometheus_counters(url, DIFFUSION)
     # Fill-all windows of 8, 24 tokens: a window's tokens fill in one forward and commit in the
-    # next (their KV is then exact), so: 8 masks (commit 0), 8 filled + 8 masks (commit 8) twice,
-    # 8 filled and no masks past max_tokens (commit 8): 4 request-forwards of 8 + 16 + 16 + 8 slots.
+    # next (their KV is then exact), so: 8 masks (commit 0), then 8 filled + 8 masks (commit 8)
+    # three times (the window keeps its 8 masks past max_tokens, as in WeDLM's engine):
+    # 4 request-forwards of 8 + 16 + 16 + 16 slots.
     completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)
     deadline = time.monotonic() + 30
     while True:  # the frontend records a step's stats right after handing out its outputs
@@ -200,7 +208,7 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
             break
         time.sleep(0.2)
     totals = {name: value for name, value in delta.items() if name.endswith("_total")}
-    assert totals == {f"{DIFFUSION}denoising_steps_total": 4.0, f"{DIFFUSION}canvas_positions_total": 48.0,
+    assert totals == {f"{DIFFUSION}denoising_steps_total": 4.0, f"{DIFFUSION}canvas_positions_total": 56.0,
                       f"{DIFFUSION}committed_tokens_total": 24.0}
     # vLLM's own stats line (every second here) would call these counts draft acceptance; the
     # WeDLM line replaces it. Wait until vLLM has logged the interval that saw the decoding.
@@ -209,3 +217,52 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
     text = log.read_text()
     assert "Avg generation throughput" in text
     assert "SpecDecoding metrics" not in text
+
+
+def test_knobs_of_others_in_vllm_xargs_are_left_alone(setup):
+    url, reference, *_ = setup
+    choice = completion(url, max_tokens=12, ignore_eos=True, vllm_xargs={**FILL_ALL, "someone_elses_knob": 1})
+    assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 12, tau=1e9)
+
+
+def test_metrics_are_vllms_own_plus_the_diffusion_counters(setup):
+    url, *_ = setup
+    stock = stock_vllm_families(["--model", model_name(url), "--seed", "0", *serve_args(), *ARGS])
+    served = served_families(url, "vllm:")
+    assert stock <= served
+    counters = ("denoising_steps", "canvas_positions", "committed_tokens")  # as exposed: x_total, x_created
+    assert served - stock == ({(f"{DIFFUSION}{name}_total", "counter") for name in counters}
+                              | {(f"{DIFFUSION}{name}_created", "gauge") for name in counters})
+
+
+def test_vllm_bench_serve_reads_the_diffusion_counters(setup, tmp_path):
+    """vLLM's own benchmark client runs against a WeDLM server and reports its Diffusion Decoding
+    section from the counters: 8 fill-all requests of 24 tokens at W 8 commit 192 tokens in
+    8 x 4 request-forwards over 8 x (8 + 16 + 16 + 16) window slots. vLLM derives "committed per
+    denoising step" with its block-diffusion formula (a fixed canvas and one extra commit step per
+    canvas), which WeDLM's sliding window does not have, so that one figure is not tokens per
+    forward; the raw counters are, and /metrics gives it exactly (README, Troubleshooting)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url, _, _, _ = setup
+    before = prometheus_counters(url, "vllm:diffusion")
+    command = [str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--base-url", url,
+               "--model", model_name(url), "--dataset-name", "random", "--random-input-len", "16",
+               "--random-output-len", "24", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
+               "--extra-body", json.dumps({"vllm_xargs": FILL_ALL}), "--save-result",
+               "--result-dir", str(tmp_path), "--result-filename", "bench.json"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Diffusion Decoding" in run.stdout
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 8 and result["total_output_tokens"] == 8 * 24
+    assert result["diffusion_committed_tokens"] == 8 * 24
+    assert result["diffusion_canvas_positions"] == 8 * (8 + 16 + 16 + 16)
+    after = prometheus_counters(url, "vllm:diffusion")
+    # The counters also moved by bench's single warm-up request (its own length), so compare
+    # tokens per forward of everything since `before`: all fill-all requests of 24 tokens.
+    steps = after["vllm:diffusion_num_denoising_steps_total"] - before["vllm:diffusion_num_denoising_steps_total"]
+    tokens = after["vllm:diffusion_num_committed_tokens_total"] - before["vllm:diffusion_num_committed_tokens_total"]
+    assert tokens / steps == 24 / 4

@@ -18,7 +18,7 @@ import vllm_wedlm
 from plain_qwen import plain_qwen3_copy
 
 ACCEPTED_SETTINGS = "'decoding', 'entropy_threshold', 'pos_penalty', 'window_size'"
-ACCEPTED_REQUEST_KEYS = "'wedlm_entropy_threshold', 'wedlm_pos_penalty'"
+ACCEPTED_REQUEST_KEYS = "'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_pos_penalty'"
 
 
 class PlatformConfig:

@@ -109,8 +109,9 @@ def test_structured_outputs_are_refused(llm):
 
 def test_preemption_and_chunked_prefill_change_nothing(sharp):
     """Invariant 5: a batch that does not fit the KV cache (so vLLM preempts and re-prefills,
-    and the window restarts) gives each request exactly what it gets alone. The token budget of
-    128 also splits the long prompt into chunked prefills (which commit nothing)."""
+    and the window resumes where it stopped) gives each request exactly what it gets alone. The
+    token budget of 128 also splits the long prompt into chunked prefills (which commit nothing).
+    test_window_invariance.py does the same with many requests and partial fills."""
     path, reference = sharp
     config = json.loads((path / "config.json").read_text())
     head_dim = config["head_dim"]

@@ -36,7 +36,10 @@ VLLM_KEYS = ("gdn_prefill_backend",)
 REQUEST_KEY_PREFIX = "wedlm_"
 REQUEST_ENTROPY_THRESHOLD = "wedlm_entropy_threshold"
 REQUEST_POS_PENALTY = "wedlm_pos_penalty"
-REQUEST_KEYS = (REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY)
+#: "ar" decodes this request one token per forward on a WeDLM engine (same weights, same batches);
+#: "wedlm" (the default there) with the WeDLM window. An AR engine has no WeDLM requests.
+REQUEST_DECODING = "wedlm_decoding"
+REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY)
 
 
 def max_window_tokens(window_size: int) -> int:
@@ -128,7 +131,16 @@ class WeDLMSettings:
                 f"unknown WeDLM key(s) {_names(unknown)}; per request WeDLM accepts {_names(REQUEST_KEYS)} "
                 "(the window size is server-wide: --wedlm-window-size)"
             )
+        request_decoding(extra_args)
         return WeDLMParams(
             entropy_threshold=extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),
         )
+
+
+def request_decoding(extra_args: dict | None) -> str:
+    """How a request on a WeDLM engine is decoded: ``extra_args["wedlm_decoding"]``, default "wedlm"."""
+    mode = (extra_args or {}).get(REQUEST_DECODING, "wedlm")
+    if mode not in DECODING_MODES:
+        raise ValueError(f"{REQUEST_DECODING} must be one of {_names(DECODING_MODES)}, got {mode!r}")
+    return mode

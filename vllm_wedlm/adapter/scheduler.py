@@ -20,6 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.config import request_decoding
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -65,7 +66,11 @@ class WeDLMScheduler(Scheduler):
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         # Called once per request whose window was forwarded, with the window's length and the
-        # count committed (before any stop trims it): one request-forward.
+        # count committed (before any stop trims it): one request-forward. A request decoded AR
+        # on this engine (its one draft is last step's token) is no WeDLM window: not counted.
+        request = self.requests.get(request_id)
+        if request is not None and request_decoding(request.sampling_params.extra_args) == "ar":
+            return spec_decoding_stats
         self.commit_stats.request_forwards += 1
         self.commit_stats.window_tokens += num_draft_tokens
         self.commit_stats.committed_tokens += num_accepted_tokens

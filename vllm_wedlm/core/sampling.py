@@ -3,7 +3,9 @@
 Order, as in WeDLM: top-k on the raw logits, then top-p on their softmax, then temperature, then
 one draw per row. Temperature 0 is greedy (top-k/top-p do not matter then). The mask token itself
 is never drawn: committing it would put the placeholder into the text (WeDLM's engine does not
-ban it; a trained model almost never picks it, an untrained one may).
+ban it; a trained model almost never picks it, an untrained one may). Except for a request
+decoded autoregressively on a WeDLM engine (``ban_mask_token`` False): it draws from the whole
+vocabulary, as vLLM's own sampler does in ``--decoding ar``, so that greedy output is the same.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class SamplingSpec:
     top_k: int = 0
     top_p: float = 1.0
     generator: torch.Generator | None = None  # seeded requests; on the logits' device
+    ban_mask_token: bool = True  # False for AR-decoded requests (next-token rows, not mask rows)
 
     @property
     def greedy(self) -> bool:
@@ -31,10 +34,12 @@ def sample_rows(logits: torch.Tensor, specs: list[SamplingSpec], rows_per_spec: 
                 mask_id: int) -> torch.Tensor:
     """[N, V] logits, rows grouped by request (``rows_per_spec``) -> [N] int64 tokens."""
     logits = logits.float().clone()
-    logits[:, mask_id] = float("-inf")
+    banned = torch.tensor([spec.ban_mask_token for spec, count in zip(specs, rows_per_spec, strict=True)
+                           for _ in range(count)], dtype=torch.bool, device=logits.device)  # [N]
+    logits[:, mask_id] = logits[:, mask_id].masked_fill(banned, float("-inf"))
     out = torch.argmax(logits, dim=-1)
     start = 0
-    for spec, count in zip(specs, rows_per_spec):
+    for spec, count in zip(specs, rows_per_spec, strict=True):
         if count and not spec.greedy:
             out[start:start + count] = _draw(logits[start:start + count], spec)
         start += count

@@ -35,24 +35,28 @@ class StepPlan:
         return self.window.tokens[: self.num_commit]
 
 
-def room(committed_len: int, limit: int) -> int:
-    """Slots allowed after ``committed_len`` tokens: a window never reaches position ``limit``
-    (min of prompt + max_tokens and max_model_len), so no KV is written past the end."""
-    return max(0, limit - committed_len)
+def room(committed_len: int, limit: int | None) -> int | None:
+    """Window slots that fit after ``committed_len`` tokens: slots end before position ``limit``,
+    the end of the request's KV room (vLLM's max_model_len); None when there is no such end."""
+    return None if limit is None else max(0, limit - committed_len)
 
 
-def plan_step(window: Window | None, window_size: int, committed_len: int, limit: int,
+def plan_step(window: Window | None, window_size: int, committed_len: int, limit: int | None,
               mask_id: int) -> StepPlan:
     """Refill and reorder a request's window before its forward.
 
-    ``window`` None starts a request (after prefill): min(window_size, room) masks. Otherwise the
-    leading filled run (committed by this forward) is matched by as many new masks at the end,
-    so ``window_size`` slots stay undecided, never past ``limit``.
+    ``window`` None starts a request (after prefill): ``window_size`` masks. Otherwise the leading
+    filled run (committed by this forward) is matched by as many new masks at the end, so
+    ``window_size`` slots stay undecided. As in WeDLM's engine (wedlm.md 2.7), the window does
+    not shrink as the request nears its max_tokens, which only truncates what is committed: a
+    request's tokens do not depend on it. Only the KV room ends a window early: no slot at or
+    past ``limit`` (max_model_len), where the request must end anyway.
     """
+    space = room(committed_len, limit)
     if window is None:
-        window = Window.of_masks(min(window_size, room(committed_len, limit)), mask_id)
+        window = Window.of_masks(window_size if space is None else min(window_size, space), mask_id)
     num_commit = window.leading_filled()
-    refill = min(num_commit, room(committed_len, limit) - len(window))
+    refill = num_commit if space is None else min(num_commit, space - len(window))
     window = window.extended(refill, mask_id)
     return StepPlan(window=window, order=window.physical_order(), num_commit=num_commit)
 

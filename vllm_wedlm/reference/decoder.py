@@ -24,8 +24,13 @@ from vllm_wedlm.core.selection import row_entropy
 
 @dataclass(frozen=True)
 class StopRule:
-    """When a request ends, as vLLM decides it: after a stop token (which is kept) or max_tokens,
-    and never at or past max_model_len."""
+    """When a request ends, as vLLM decides it: after a stop token (which is kept), after
+    max_tokens, or at max_model_len.
+
+    Only the last shapes the window: its slots end before max_model_len (the KV room of a vLLM
+    request), while max_tokens merely truncates the committed tokens, as in WeDLM's engine, so a
+    request's first n tokens are the same whatever its max_tokens >= n.
+    """
 
     max_tokens: int
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
@@ -55,25 +60,23 @@ class ReferenceDecoder:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], stop: StopRule, params: WeDLMParams = DEFAULT_PARAMS,
-                 sampling: SamplingSpec = SamplingSpec()) -> ReferenceOutput:
+                 sampling: SamplingSpec | None = None) -> ReferenceOutput:
+        sampling = SamplingSpec() if sampling is None else sampling  # greedy by default
         prompt_len = len(prompt_ids)
-        limit = prompt_len + stop.max_tokens
-        if stop.max_model_len is not None:
-            limit = min(limit, stop.max_model_len)
+        if stop.max_model_len is not None and prompt_len >= stop.max_model_len:
+            raise ValueError(f"a prompt of {prompt_len} tokens leaves no room below max_model_len {stop.max_model_len}")
         sequence = list(prompt_ids)  # prompt + committed
         window, num_forwards = None, 0
         while True:
-            plan = plan_step(window, self.window_size, len(sequence), limit, self.mask_token_id)
+            plan = plan_step(window, self.window_size, len(sequence), stop.max_model_len, self.mask_token_id)
             logits = self._forward(sequence, plan.input_ids, len(sequence) + plan.order)
             num_forwards += 1
-            for token in plan.committed.tolist():
+            for token in plan.committed.tolist():  # vLLM's check_stop after each appended token
                 sequence.append(token)
-                generated = len(sequence) - prompt_len
                 if token in stop.stop_token_ids:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "stop")
-                if len(sequence) >= limit:
+                if len(sequence) - prompt_len >= stop.max_tokens or len(sequence) == stop.max_model_len:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "length")
-                assert generated < stop.max_tokens
             mask_logits = logits[len(logits) - plan.num_masks:]  # [num_masks, V], own rows, no shift
             tokens = sample_rows(mask_logits, [sampling], [plan.num_masks], self.mask_token_id)
             window = finish_step(plan, row_entropy(mask_logits).cpu(), tokens.cpu(), params)
