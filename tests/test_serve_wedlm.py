@@ -129,8 +129,8 @@ def test_chat_stream(setup):
     ({"logprobs": 2}, "logprobs"),
     # Misspelt knobs: an error naming the accepted keys, not a silent default.
     ({"vllm_xargs": {"wedlm_window": 4}},
-     "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_entropy_threshold', "
-     "'wedlm_pos_penalty'"),
+     "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_decoding', "
+     "'wedlm_entropy_threshold', 'wedlm_pos_penalty'"),
     ({"vllm_xargs": {"wedlm_entropy_treshold": 0.5}}, "unknown WeDLM key\\(s\\) 'wedlm_entropy_treshold'"),
     ({"prompt": "1, 2, 3, " * 400}, "maximum context length|max_model_len|too long|longer than"),
 ])
@@ -244,11 +244,10 @@ def test_vllm_bench_serve_reads_the_diffusion_counters(setup, tmp_path):
     forward; the raw counters are, and /metrics gives it exactly (README, Troubleshooting)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     url, _, _, _ = setup
     before = prometheus_counters(url, "vllm:diffusion")
-    command = [str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--base-url", url,
+    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--base-url", url,
                "--model", model_name(url), "--dataset-name", "random", "--random-input-len", "16",
                "--random-output-len", "24", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
                "--extra-body", json.dumps({"vllm_xargs": FILL_ALL}), "--save-result",
