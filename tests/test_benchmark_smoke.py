@@ -2,7 +2,7 @@
 
 What is asserted are the counts a run must get exactly right: tokens produced, and tokens per
 forward where the algorithm fixes it (AR: 1; WeDLM filling every mask with ignore_eos: a window of
-W commits W tokens each forward after the first, so max_tokens / (max_tokens / W + 1)).
+W commits W tokens each forward after the first, so max_tokens / (max_tokens / W + 1)) or bounds it.
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ def check_counts(rows: list[dict], batch_key: str) -> None:
             assert row["tokens_per_forward"] == 1.0 and row["speedup_vs_ar"] == 1.0
         elif row["mode"] == "wedlm:inf":
             assert row["tokens_per_forward"] == pytest.approx(FILL_ALL_TPF)
-        else:  # n-gram: one token per forward plus accepted drafts; WeDLM at 0.4: at least one per window
-            least = 1.0 if row["mode"].startswith("ngram") else MAX_TOKENS / (MAX_TOKENS + 1)
-            assert row["tokens_per_forward"] >= least
+        else:
+            # n-gram: one token per forward plus accepted drafts. WeDLM at 0.4: every forward fills
+            # at least one slot, and every filled slot is committed except those still in the
+            # window (at most 2W) when max_tokens ends the request: the window keeps W undecided
+            # slots to the end, whatever max_tokens is. So forwards <= 1 + MAX_TOKENS + 2W.
+            least = 1.0 if row["mode"].startswith("ngram") else MAX_TOKENS / (MAX_TOKENS + 2 * W + 1)
+            assert row["tokens_per_forward"] >= round(least, 3)  # the harness reports 3 decimals
         assert row["speedup_vs_ar"] > 0 and row[batch_key] >= 1
 
 
