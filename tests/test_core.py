@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vllm_wedlm.core import WeDLMParams, Window, finish_step, plan_step
-from vllm_wedlm.core.sampling import SamplingSpec, sample_rows
+from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample
 from vllm_wedlm.core.selection import choose_fills, row_entropy
 
 M = 99  # mask id in these cases
@@ -94,6 +94,10 @@ def test_row_entropy():
     peaked = torch.tensor([[0.0, -float("inf"), -float("inf")], [100.0, 0.0, 0.0]])
     assert torch.allclose(row_entropy(peaked), torch.zeros(2), atol=1e-6)
     assert row_entropy(torch.zeros(1, 4, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def sample_rows(logits, specs, rows_per_spec, mask_id):
+    return sample(logits, SamplingBatch.of(specs, rows_per_spec), mask_id)
 
 
 def test_sampling_greedy_bans_the_mask_and_respects_settings():

@@ -25,9 +25,11 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.config import WeDLMSettings, request_decoding
-from vllm_wedlm.core import StepPlan, WeDLMParams, finish_step, plan_step
-from vllm_wedlm.core.sampling import SamplingSpec, sample_rows
+from vllm_wedlm.adapter.window_table import WindowTable, packet_width
+from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
+from vllm_wedlm.core.batch import WindowBatch, finish_windows, plan_windows
+from vllm_wedlm.core.params import WeDLMParams
+from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
 if TYPE_CHECKING:
@@ -35,19 +37,20 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class RequestWindow:
-    """The runner's state of one request in WeDLM mode, kept from its first window to its end.
+class RequestState:
+    """The runner's state of one request in WeDLM mode, kept from its first step to its end.
 
     vLLM's scheduler knows a window only as the request's draft tokens, and drops them when it
     preempts the request (and sets ``num_computed_tokens`` to 0); the committed tokens stay in
     the request and are re-prefilled. So the window (tokens, which slots are filled, its physical
-    order) lives here, and survives preemption: the next forward after the re-prefill is the one
-    the request would have run without it, so its output does not depend on preemption.
+    order) lives in the runner's ``WindowTable`` at ``slot`` and survives preemption: the next
+    forward after the re-prefill is the one the request would have run without it, so its output
+    does not depend on preemption.
     """
 
+    slot: int
     params: WeDLMParams
-    plan: StepPlan | None = None  # the window scheduled next (its input ids went out as drafts)
-    committed_len: int = 0  # tokens before the planned window: its slot i sits at committed_len + i
+    has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
     # A request that asked for ``wedlm_decoding: "ar"``: no window; its one "draft" is the token
     # sampled last step, forwarded (and so committed) by the next step, whose row, as in AR
     # decoding, predicts the token after it. ``next_token`` survives preemption like a window.
@@ -56,26 +59,41 @@ class RequestWindow:
 
 
 @dataclass
-class RowStep:
-    """What one request does in the current step."""
+class StepRows:
+    """What each request of the input batch does in the current step ([B] arrays, batch order)."""
 
-    req_id: str
-    row: int  # index in the input batch
-    num_logits: int  # mask rows whose logits are computed (the request's last rows)
-    committed_len: int  # tokens whose KV is exact before this step (after it, for a prefill)
-    is_window: bool  # else a prefill chunk
-    completes_prefill: bool = False
+    req_ids: list[str]
+    slots: np.ndarray  # int64, WindowTable slot
+    autoregressive: np.ndarray  # bool: a request decoded AR on this engine (wedlm_decoding: ar)
+    window: np.ndarray  # bool: forwards its WeDLM window
+    ar_decode: np.ndarray  # bool: an AR-decoded request forwarding its last sampled token
+    completes_prefill: np.ndarray  # bool: a prefill chunk that reaches the request's last token
+    committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
+    num_logits: np.ndarray  # int64: logits rows (a window's mask rows, the request's last rows)
+
+
+def _ragged_arange(counts: np.ndarray) -> np.ndarray:
+    """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ... (the index inside each segment)."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 class WeDLMRunnerMixin:
-    """The WeDLM overrides, on top of vLLM's V1 runner (``GPUModelRunner`` or its CPU subclass)."""
+    """The WeDLM overrides, on top of vLLM's V1 runner (``GPUModelRunner`` or its CPU subclass).
+
+    A step's WeDLM work is one batched tensor computation for all requests (``core.batch``,
+    ``core.sampling``) and one device-to-host copy; the host loops over requests only to build
+    the lists vLLM's scheduler reads.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
-        self.wedlm_requests: dict[str, RequestWindow] = {}
-        self._wedlm_rows: list[RowStep] = []
+        self.wedlm_requests: dict[str, RequestState] = {}
+        self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
+                                       slots=self.max_num_reqs)
+        self._wedlm_step: StepRows | None = None
         self._wedlm_next_windows: dict[str, list[int]] = {}
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
         # measurements over a chosen set of requests (``LLM.collective_rpc``, see the workers).
@@ -91,130 +109,177 @@ class WeDLMRunnerMixin:
             self._arange_scratch = np.empty(rows, dtype=np.int64)  # [rows]
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
-        # Preempted and resumed requests keep their windows (see RequestWindow). A new request
+        # Preempted and resumed requests keep their windows (see RequestState). A new request
         # may reuse the id of a finished one (vLLM treats them as two requests).
         stale = set(scheduler_output.finished_req_ids) | {r.req_id for r in scheduler_output.scheduled_new_reqs}
         for req_id in stale:
-            self.wedlm_requests.pop(req_id, None)
+            state = self.wedlm_requests.pop(req_id, None)
+            if state is not None:
+                self.wedlm_table.release(state.slot)
         return super()._update_states(scheduler_output)
 
-    def _request_window(self, req_id: str) -> RequestWindow:
+    def _request_state(self, req_id: str) -> RequestState:
         state = self.wedlm_requests.get(req_id)
         if state is None:
             extra_args = self.requests[req_id].sampling_params.extra_args
-            state = RequestWindow(params=self.wedlm.request_params(extra_args),
-                                  autoregressive=request_decoding(extra_args) == "ar")
+            state = RequestState(slot=self.wedlm_table.allocate(), params=self.wedlm.request_params(extra_args),
+                                 autoregressive=request_decoding(extra_args) == "ar")
+            self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state
 
-    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
         super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         num_reqs = self.input_batch.num_reqs
-        starts = self.query_start_loc.np[: num_reqs + 1]
-        total = int(starts[num_reqs])
-        positions = np.empty(total, dtype=np.int64)  # [num_tokens] RoPE positions
-        logits_rows: list[np.ndarray] = []
-        self._wedlm_rows = []
-        windows = scheduler_output.scheduled_spec_decode_tokens
-        for row, req_id in enumerate(self.input_batch.req_ids[:num_reqs]):
-            start, n = int(starts[row]), int(num_scheduled_tokens[row])
-            computed = int(self.input_batch.num_computed_tokens_cpu[row])
-            state = self._request_window(req_id)
-            if req_id in windows and state.autoregressive:
-                if n != 1 or state.next_token is None:
-                    raise RuntimeError(f"AR request {req_id} on a WeDLM engine: {n} tokens scheduled for 1")
-                positions[start] = computed
-                step = RowStep(req_id, row, 1, computed, is_window=True)
-            elif req_id in windows:
-                plan = state.plan
-                if plan is None or n != len(plan.window):
-                    raise RuntimeError(
-                        f"WeDLM request {req_id}: {n} tokens scheduled for a window of "
-                        f"{0 if plan is None else len(plan.window)}; the token budget must fit "
-                        "every running window (max_num_batched_tokens >= max_num_seqs * 2 * window_size)"
-                    )
-                positions[start:start + n] = computed + plan.order.numpy()
-                step = RowStep(req_id, row, plan.num_masks, computed, is_window=True)
-            else:
-                positions[start:start + n] = np.arange(computed, computed + n)
-                done = computed + n >= self.requests[req_id].num_tokens
-                # An AR request samples its first token from the prompt's last row, as vLLM's
-                # sampler would (after a preemption it already holds it).
-                first_token = done and state.autoregressive and state.next_token is None
-                step = RowStep(req_id, row, int(first_token), computed + n, is_window=False, completes_prefill=done)
-            logits_rows.append(np.arange(start + n - step.num_logits, start + n))
-            self._wedlm_rows.append(step)
-        # Slots were computed from physical positions (num_computed + i) by the call above;
-        # only RoPE sees the logical ones. In place: CUDA graphs read this buffer.
-        self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)
-        indices = torch.from_numpy(np.concatenate(logits_rows) if logits_rows else np.zeros(0, np.int64))
-        return indices.to(self.device, non_blocking=True), None
+        req_ids = self.input_batch.req_ids[:num_reqs]
+        states = [self._request_state(req_id) for req_id in req_ids]
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        slots = np.fromiter((s.slot for s in states), np.int64, num_reqs)  # [B]
+        autoregressive = np.fromiter((s.autoregressive for s in states), bool, num_reqs)  # [B]
+        scheduled_drafts = np.fromiter((req_id in drafts for req_id in req_ids), bool, num_reqs)  # [B]
+        n = num_scheduled_tokens[:num_reqs].astype(np.int64)  # [B] tokens forwarded
+        starts = self.query_start_loc.np[:num_reqs].astype(np.int64)  # [B]
+        computed = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64)  # [B]
+        host = self.wedlm_table.host
 
-    def _sampling_spec(self, row: int, autoregressive: bool) -> SamplingSpec:
-        batch = self.input_batch
-        top_k = int(batch.top_k_cpu[row])
-        return SamplingSpec(
-            temperature=float(batch.temperature_cpu[row]),
-            top_k=0 if top_k >= batch.vocab_size else top_k,
-            top_p=float(batch.top_p_cpu[row]),
-            generator=batch.generators.get(row),
-            ban_mask_token=not autoregressive,
+        window = scheduled_drafts & ~autoregressive
+        ar_decode = scheduled_drafts & autoregressive
+        wrong = window & (n != host.length[slots])
+        if wrong.any():
+            row = int(np.argmax(wrong))
+            raise RuntimeError(
+                f"WeDLM request {req_ids[row]}: {n[row]} tokens scheduled for a window of {host.length[slots[row]]}; "
+                "the token budget must fit every running window "
+                "(max_num_batched_tokens >= max_num_seqs * 2 * window_size)")
+        for row in np.flatnonzero(ar_decode):
+            if n[row] != 1 or states[row].next_token is None:
+                raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine: {n[row]} tokens scheduled for 1")
+        completes_prefill = ~scheduled_drafts & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
+        # An AR request samples its first token from the prompt's last row, as vLLM's sampler would
+        # (after a preemption it already holds it).
+        first_token = completes_prefill & autoregressive
+        if first_token.any():
+            first_token &= np.fromiter((s.next_token is None for s in states), bool, num_reqs)
+        num_logits = np.where(window, host.num_masks[slots], (ar_decode | first_token).astype(np.int64))
+
+        # RoPE positions: physical (computed + i) everywhere but in windows, whose row i holds slot
+        # order[i] at logical position computed + order[i]. vLLM computed the KV slots from the
+        # physical positions; only RoPE sees the logical ones.
+        intra = _ragged_arange(n)  # [T]
+        positions = np.repeat(computed, n) + intra  # [T]
+        in_window = np.repeat(window, n)  # [T]
+        positions[in_window] = (np.repeat(computed[window], n[window])
+                                + host.order[np.repeat(slots[window], n[window]), intra[in_window]])
+        total = len(positions)
+        self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
+
+        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, ar_decode, completes_prefill,
+                                    computed + n, num_logits)
+        # Each request's logits rows are its last num_logits rows.
+        indices = np.repeat(starts + n - num_logits, num_logits) + _ragged_arange(num_logits)
+        return torch.from_numpy(indices).to(self.device, non_blocking=True), None
+
+    def _sampling_batch(self, step: StepRows) -> SamplingBatch:
+        """Per-row sampling settings of the step's logits rows, from vLLM's input batch."""
+        counts = step.num_logits
+        meta = self.input_batch.sampling_metadata
+        # Mask rows never draw the mask token; an AR request's next-token row may (as in --decoding ar).
+        ar_rows = np.repeat(step.autoregressive, counts)  # [N]
+        ban = torch.from_numpy(~ar_rows).to(self.device, non_blocking=True) if ar_rows.any() else None
+        if meta.all_greedy:
+            return SamplingBatch(None, None, None, ban)
+        rows = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(self.device, non_blocking=True)
+        starts = np.cumsum(counts) - counts
+        return SamplingBatch(
+            temperature=meta.temperature[rows],
+            top_k=None if meta.top_k is None else meta.top_k[rows].long(),
+            top_p=None if meta.top_p is None else meta.top_p[rows].float(),
+            ban_mask_token=ban,
+            generators=[(int(starts[row]), int(counts[row]), gen) for row, gen in meta.generators.items()
+                        if row < len(counts) and counts[row]],
         )
 
-    def _sample(self, logits, spec_decode_metadata) -> SamplerOutput:
-        rows = self._wedlm_rows
-        counts = [step.num_logits for step in rows]
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata) -> SamplerOutput:
+        step, table = self._wedlm_step, self.wedlm_table
+        host = table.host
+        num_reqs = len(step.req_ids)
+        states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
+        autoregressive = step.autoregressive
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
+
+        # This step's committed tokens were known when it was planned: each window's leading
+        # filled run, or an AR request's last sampled token.
+        w_slots = step.slots[step.window]
+        commit = host.num_commit[w_slots]  # [Bw]
+        width = max(2, int(commit.max(initial=0)))  # width 1 would keep -1 padding
+        sampled = np.full((num_reqs, width), -1, dtype=np.int32)
+        run = host.input_ids[w_slots, :width]
+        sampled[step.window] = np.where(np.arange(width) < commit[:, None], run, -1)
+        for row in np.flatnonzero(step.ar_decode):
+            sampled[row, 0] = states[row].next_token
+        self.wedlm_request_forwards += len(w_slots)
+
+        new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
+        resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
+        ar_next = step.ar_decode | (step.completes_prefill & autoregressive & (step.num_logits > 0))
+        plan_slots = np.concatenate([w_slots, step.slots[new]])  # [P]
+        committed_len = np.concatenate([host.committed_len[w_slots] + commit, step.committed_len[new]])  # [P]
+
+        device_out = []
+        tokens = None
         if logits is not None and logits.shape[0]:
-            entropy = row_entropy(logits).cpu()
-            specs = [self._sampling_spec(s.row, self._request_window(s.req_id).autoregressive) for s in rows]
-            tokens = sample_rows(logits, specs, counts, self.wedlm_mask_id).cpu()
-        else:
-            entropy, tokens = torch.zeros(0), torch.zeros(0, dtype=torch.long)
-        committed: list[list[int]] = []
-        self._wedlm_next_windows = {}
-        offset = 0
-        for step, count in zip(rows, counts, strict=True):
-            state = self._request_window(step.req_id)
-            seg = slice(offset, offset + count)
-            offset += count
-            if state.autoregressive:
-                # Commits last step's token (forwarded now), holds the one its row predicts.
-                committed.append([state.next_token] if step.is_window else [])
-                if count:
-                    state.next_token = int(tokens[seg][0])
-                if step.is_window or step.completes_prefill:
-                    self._wedlm_next_windows[step.req_id] = [state.next_token]
-                continue
-            if step.is_window:
-                self.wedlm_request_forwards += 1
-                plan = state.plan
-                committed.append(plan.committed.tolist())
-                window = finish_step(plan, entropy[seg], tokens[seg], state.params)
-                committed_len = step.committed_len + plan.num_commit
-            else:
-                committed.append([])
-                if not step.completes_prefill:
-                    continue
-                if state.plan is not None:
-                    # A re-prefill after preemption: its committed tokens are back in the KV
-                    # cache, and the window it had is scheduled again, unchanged.
-                    if state.committed_len != step.committed_len:
-                        raise RuntimeError(f"WeDLM request {step.req_id}: re-prefilled {step.committed_len} tokens, "
-                                           f"but its window starts after {state.committed_len}")
-                    self._wedlm_next_windows[step.req_id] = state.plan.input_ids.tolist()
-                    continue
-                window, committed_len = None, step.committed_len
-            # No slot reaches max_model_len (the request's KV room); max_tokens plays no part here
-            # (it only truncates the committed tokens, in vLLM's stop check), as in WeDLM's engine.
-            state.plan = plan_step(window, self.wedlm.window_size, committed_len, self.max_model_len,
-                                   self.wedlm_mask_id)
-            state.committed_len = committed_len
-            self._wedlm_next_windows[step.req_id] = state.plan.input_ids.tolist()
-        width = max(2, max((len(c) for c in committed), default=0))  # width 1 would keep -1 padding
-        sampled = torch.full((len(committed), width), -1, dtype=torch.int32)
-        for i, ids in enumerate(committed):
-            sampled[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        return SamplerOutput(sampled_token_ids=sampled.to(self.device), logprobs_tensors=None)
+            tokens = sample(logits, self._sampling_batch(step), self.wedlm_mask_id)  # [N]
+        if len(plan_slots):
+            slots_dev = torch.from_numpy(plan_slots).to(self.device, non_blocking=True)
+            parts = []
+            if len(w_slots):
+                ws = slots_dev[: len(w_slots)]
+                mask_rows = self._window_logit_rows(step)
+                mask_logits = logits if mask_rows is None else logits[mask_rows]
+                mask_tokens = tokens if mask_rows is None else tokens[mask_rows]
+                parts.append(finish_windows(table.windows.rows(ws), table.num_commit[ws], row_entropy(mask_logits),
+                                            mask_tokens, table.entropy_threshold[ws], table.pos_penalty[ws],
+                                            self.wedlm_mask_id))
+            if new.any():
+                parts.append(WindowBatch.empty(int(new.sum()), table.capacity, self.wedlm_mask_id, self.device))
+            committed_dev = torch.from_numpy(committed_len).to(self.device, non_blocking=True)
+            plan = plan_windows(WindowBatch.cat(parts), self.wedlm.window_size, committed_dev, self.max_model_len)
+            device_out.append(table.store(slots_dev, plan).flatten())
+        if ar_next.any():
+            ar_rows = np.repeat(ar_next, step.num_logits)  # logits rows of AR requests (one each)
+            device_out.append(tokens[torch.from_numpy(np.flatnonzero(ar_rows)).to(self.device)])
+        # The step's one device-to-host copy.
+        received = torch.cat(device_out).cpu().numpy() if device_out else np.zeros(0, np.int64)
+        packet_size = len(plan_slots) * packet_width(table.capacity)
+        if len(plan_slots):
+            table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1), committed_len)
+        for row, token in zip(np.flatnonzero(ar_next), received[packet_size:].tolist(), strict=True):
+            states[row].next_token = token
+
+        next_windows: dict[str, list[int]] = {}
+        for row in np.flatnonzero(step.window | new):
+            states[row].has_window = True
+        for row in np.flatnonzero(resumed):
+            # A re-prefill after preemption: its committed tokens are back in the KV cache, and the
+            # window it had is scheduled again, unchanged.
+            if host.committed_len[step.slots[row]] != step.committed_len[row]:
+                raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
+                                   f"tokens, but its window starts after {host.committed_len[step.slots[row]]}")
+        for row in np.flatnonzero(step.window | new | resumed):
+            slot = step.slots[row]
+            next_windows[step.req_ids[row]] = host.input_ids[slot, : host.length[slot]].tolist()
+        for row in np.flatnonzero(ar_next | (step.completes_prefill & autoregressive)):
+            next_windows[step.req_ids[row]] = [states[row].next_token]
+        self._wedlm_next_windows = next_windows
+        # On the host: vLLM's bookkeeping reads it there (no device round trip).
+        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=None)
+
+    def _window_logit_rows(self, step: StepRows) -> torch.Tensor | None:
+        """[Nw] logits rows of WeDLM windows (their mask rows), or None when every row is one."""
+        owners = np.repeat(step.window, step.num_logits)
+        if owners.all():
+            return None
+        return torch.from_numpy(np.flatnonzero(owners)).to(self.device, non_blocking=True)
 
     def _bookkeeping_sync(self, *args, **kwargs):
         # vLLM rewinds the generator of a discarded (partial-prefill) row by one draw; WeDLM drew

@@ -1,14 +1,16 @@
 """WeDLM's streaming parallel decoding in pure PyTorch (research/wedlm.md section 2).
 
 Never imports vLLM: the reference decoder and the vLLM adapter both drive these functions, so
-the algorithm is written once. One step of one request, in order:
+the algorithm is written once. They run ``batch`` (every window of a step as one tensor
+computation: refill, reorder, select, fill, commit), ``selection.row_entropy`` and
+``sampling.sample`` (all logits rows of a step at once).
+
+``step`` and ``window`` state the same step for one request, in order, readably (the tests check
+that ``batch`` computes exactly this, window by window):
 
     plan = plan_step(window, window_size, committed_len, limit, mask_id)  # refill, reorder
     logits = forward(plan.input_ids, positions=committed_len + plan.order)
-    next_window = finish_step(plan, fills, params)                        # commit, select, fill
-
-The heavy per-row work (entropy, sampling) is batched over all requests in
-``selection.row_entropy`` and ``sampling.sample_rows``.
+    next_window = finish_step(plan, entropy, tokens, params)              # commit, select, fill
 """
 
 from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams

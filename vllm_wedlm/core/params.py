@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class WeDLMParams:
@@ -41,3 +43,13 @@ def validate_window_size(window_size: object) -> int:
     if not isinstance(window_size, int) or isinstance(window_size, bool) or not 1 <= window_size <= 256:
         raise ValueError(f"window_size must be an integer in [1, 256], got {window_size!r}")
     return window_size
+
+
+def selection_tensors(params: list[WeDLMParams],
+                      device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] float32 entropy thresholds (-inf for None: nothing is below it, so the lowest mask is
+    filled alone) and [B] float32 position penalties of ``params``, for ``batch.finish_windows``."""
+    tau = [float("-inf") if p.entropy_threshold is None else p.entropy_threshold for p in params]
+    lam = [p.pos_penalty for p in params]
+    return (torch.tensor(tau, dtype=torch.float32, device=device),
+            torch.tensor(lam, dtype=torch.float32, device=device))

@@ -2,7 +2,8 @@
 
 Slow and simple on purpose. Each step feeds ``prompt + committed + window`` (window in physical
 order) with logical RoPE positions and plain causal attention, which is exactly what the paged-KV
-engine computes, and runs the same ``core`` functions as the engine. Users can run it on any WeDLM
+engine computes, and runs the same ``core`` functions as the engine (``core.batch`` and
+``core.sampling``, here on a batch of one window). Users can run it on any WeDLM
 checkpoint to check what the engine produces:
 
     from vllm_wedlm.models.transformers_body import load_transformers_model
@@ -16,9 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_wedlm.core import DEFAULT_PARAMS, WeDLMParams, finish_step, plan_step
-from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE, validate_window_size
-from vllm_wedlm.core.sampling import SamplingSpec, sample_rows
+from vllm_wedlm.core.batch import WindowBatch, finish_windows, plan_windows
+from vllm_wedlm.core.params import (
+    DEFAULT_PARAMS,
+    DEFAULT_WINDOW_SIZE,
+    WeDLMParams,
+    selection_tensors,
+    validate_window_size,
+)
+from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample
 from vllm_wedlm.core.selection import row_entropy
 
 
@@ -66,20 +73,26 @@ class ReferenceDecoder:
         if stop.max_model_len is not None and prompt_len >= stop.max_model_len:
             raise ValueError(f"a prompt of {prompt_len} tokens leaves no room below max_model_len {stop.max_model_len}")
         sequence = list(prompt_ids)  # prompt + committed
-        window, num_forwards = None, 0
+        windows = WindowBatch.empty(1, 2 * self.window_size, self.mask_token_id)
+        tau, lam = selection_tensors([params])
+        limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
+        num_forwards = 0
         while True:
-            plan = plan_step(window, self.window_size, len(sequence), stop.max_model_len, self.mask_token_id)
-            logits = self._forward(sequence, plan.input_ids, len(sequence) + plan.order)
+            plan = plan_windows(windows, self.window_size, torch.tensor([len(sequence)]), limit)
+            n, num_commit, num_masks = (int(x) for x in (plan.windows.length[0], plan.num_commit[0], plan.num_masks[0]))
+            logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
             num_forwards += 1
-            for token in plan.committed.tolist():  # vLLM's check_stop after each appended token
+            for token in plan.windows.tokens[0, :num_commit].tolist():  # vLLM's check_stop per token
                 sequence.append(token)
                 if token in stop.stop_token_ids:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "stop")
                 if len(sequence) - prompt_len >= stop.max_tokens or len(sequence) == stop.max_model_len:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "length")
-            mask_logits = logits[len(logits) - plan.num_masks:]  # [num_masks, V], own rows, no shift
-            tokens = sample_rows(mask_logits, [sampling], [plan.num_masks], self.mask_token_id)
-            window = finish_step(plan, row_entropy(mask_logits).cpu(), tokens.cpu(), params)
+            mask_logits = logits[n - num_masks:]  # [num_masks, V], own rows, no shift
+            tokens = sample(mask_logits, SamplingBatch.of([sampling], [num_masks], mask_logits.device),
+                            self.mask_token_id)
+            windows = finish_windows(plan.windows, plan.num_commit, row_entropy(mask_logits).cpu(), tokens.cpu(),
+                                     tau, lam, self.mask_token_id)
 
     def _forward(self, sequence: list[int], window_ids: torch.Tensor, window_positions: torch.Tensor):
         """Logits [n, V] of the window rows after the full causal forward of sequence + window."""

@@ -1,0 +1,99 @@
+"""Every live request's WeDLM window, on the device, with a host copy of what scheduling needs.
+
+Rows ("slots") are given to a request at its first window and taken back when it finishes, so a
+preempted request keeps its window (vLLM drops it from the batch and re-prefills its committed
+tokens later). The device half holds each planned window (``core.batch``); the host half holds,
+per slot, what the last step's single device-to-host copy brought back: the planned window's input
+ids in physical order, its physical order, length, committed run and mask count, and where it
+starts. The runner reads the host half to lay out the next forward and to report committed tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_wedlm.core.batch import BatchPlan, WindowBatch
+from vllm_wedlm.core.params import WeDLMParams, selection_tensors
+
+
+@dataclass
+class HostWindows:
+    """The planned windows, as the host sees them ([S, ...] numpy arrays by slot)."""
+
+    input_ids: np.ndarray  # [S, C] int64, physical order
+    order: np.ndarray  # [S, C] int64, the slot fed at each physical row
+    length: np.ndarray  # [S] int64
+    num_commit: np.ndarray  # [S] int64
+    num_masks: np.ndarray  # [S] int64
+    committed_len: np.ndarray  # [S] int64, tokens before the window (its slot j is at committed_len + j)
+
+    @staticmethod
+    def zeros(slots: int, capacity: int) -> HostWindows:
+        return HostWindows(*(np.zeros((slots, capacity), np.int64) for _ in range(2)),
+                           *(np.zeros(slots, np.int64) for _ in range(4)))
+
+    def grown(self, slots: int) -> HostWindows:
+        grown = HostWindows.zeros(slots, self.input_ids.shape[1])
+        for name, value in vars(self).items():
+            getattr(grown, name)[: len(value)] = value
+        return grown
+
+
+#: Columns of one planned window in the device-to-host packet: ids, order, then three counts.
+def packet_width(capacity: int) -> int:
+    return 2 * capacity + 3
+
+
+class WindowTable:
+    def __init__(self, capacity: int, mask_id: int, device: torch.device, slots: int = 64):
+        self.capacity, self.mask_id, self.device = capacity, mask_id, device
+        self.windows = WindowBatch.empty(slots, capacity, mask_id, device)  # planned windows
+        self.num_commit = torch.zeros(slots, dtype=torch.long, device=device)  # [S]
+        self.entropy_threshold = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] tau
+        self.pos_penalty = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] lambda
+        self.host = HostWindows.zeros(slots, capacity)
+        self._free = list(range(slots - 1, -1, -1))
+
+    def allocate(self) -> int:
+        if not self._free:
+            self._grow()
+        return self._free.pop()
+
+    def set_params(self, slot: int, params: WeDLMParams) -> None:
+        tau, lam = selection_tensors([params], self.device)
+        self.entropy_threshold[slot] = tau[0]
+        self.pos_penalty[slot] = lam[0]
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def _grow(self) -> None:
+        old = len(self.num_commit)
+        more = WindowBatch.empty(old, self.capacity, self.mask_id, self.device)
+        w = self.windows
+        self.windows = WindowBatch(torch.cat([w.tokens, more.tokens]), torch.cat([w.filled, more.filled]),
+                                   torch.cat([w.length, more.length]))
+        self.num_commit = torch.cat([self.num_commit, torch.zeros_like(self.num_commit)])
+        self.entropy_threshold = torch.cat([self.entropy_threshold, torch.zeros_like(self.entropy_threshold)])
+        self.pos_penalty = torch.cat([self.pos_penalty, torch.zeros_like(self.pos_penalty)])
+        self.host = self.host.grown(2 * old)
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def store(self, slots: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+        """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet."""
+        self.windows.store(slots, plan.windows)
+        self.num_commit[slots] = plan.num_commit
+        counts = torch.stack([plan.windows.length, plan.num_commit, plan.num_masks], dim=1)  # [P, 3]
+        return torch.cat([plan.input_ids, plan.order, counts], dim=1)
+
+    def receive(self, slots: np.ndarray, packet: np.ndarray, committed_len: np.ndarray) -> None:
+        """Write the host half of ``slots`` ([P]) from a packet that came back ([P, packet_width])."""
+        c = self.capacity
+        host = self.host
+        host.input_ids[slots] = packet[:, :c]
+        host.order[slots] = packet[:, c:2 * c]
+        host.length[slots], host.num_commit[slots], host.num_masks[slots] = packet[:, 2 * c:].T
+        host.committed_len[slots] = committed_len

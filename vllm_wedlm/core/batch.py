@@ -1,0 +1,138 @@
+"""WeDLM's step for a batch of windows at once: tensor operations only, no per-request Python.
+
+This is what the engine and the reference decoder run; ``step.py`` / ``window.py`` state the same
+algorithm for one request at a time, readably, and the tests check that the two agree.
+
+B windows are stored padded to a common capacity C (2 x the largest window size: a forward covers
+at most the W slots kept between steps plus as many refilled masks as it commits). Slot j of row b
+sits at logical position ``committed_b + j``. Invariant: past a row's length every slot holds the
+mask id and is not filled, so refilling is just a longer length.
+
+One step of every running request:
+
+    plan = plan_windows(windows, window_size, committed_len, limit)   # refill, physical order
+    logits = forward(plan.input_ids rows, positions=committed_len + plan.order)
+    windows = finish_windows(plan.windows, plan.num_commit, entropy, tokens, tau, lam, mask_id)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class WindowBatch:
+    tokens: torch.Tensor  # [B, C] int64, logical order; the mask id at masks and past `length`
+    filled: torch.Tensor  # [B, C] bool; False past `length`
+    length: torch.Tensor  # [B] int64, slots in use
+
+    @staticmethod
+    def empty(batch: int, capacity: int, mask_id: int, device: torch.device | str = "cpu") -> WindowBatch:
+        """Windows with no slot yet: the first ``plan_windows`` fills them with masks."""
+        return WindowBatch(
+            tokens=torch.full((batch, capacity), mask_id, dtype=torch.long, device=device),
+            filled=torch.zeros(batch, capacity, dtype=torch.bool, device=device),
+            length=torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    @staticmethod
+    def cat(parts: list[WindowBatch]) -> WindowBatch:
+        return WindowBatch(*(torch.cat([getattr(p, name) for p in parts]) for name in ("tokens", "filled", "length")))
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def slot_index(self) -> torch.Tensor:
+        """[1, C] int64: 0, 1, ..., C-1."""
+        return torch.arange(self.capacity, device=self.tokens.device)[None]
+
+    def rows(self, index: torch.Tensor) -> WindowBatch:
+        """The windows at ``index`` ([k] int64)."""
+        return WindowBatch(self.tokens[index], self.filled[index], self.length[index])
+
+    def store(self, index: torch.Tensor, windows: WindowBatch) -> None:
+        """Write ``windows`` into rows ``index`` in place (a table of windows kept across steps)."""
+        self.tokens[index] = windows.tokens
+        self.filled[index] = windows.filled
+        self.length[index] = windows.length
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one forward of each window looks like."""
+
+    windows: WindowBatch  # after refill: the slots this forward covers
+    order: torch.Tensor  # [B, C] int64: the slot fed at each physical row (rows past length: padding)
+    num_commit: torch.Tensor  # [B] int64: leading filled slots, committed by this forward
+    num_masks: torch.Tensor  # [B] int64: mask rows, the last ones of each forward
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """[B, C] int64 token ids in physical order (the first ``length`` of each row are forwarded)."""
+        return self.windows.tokens.gather(1, self.order)
+
+
+def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committed_len: torch.Tensor,
+                 limit: torch.Tensor | None) -> BatchPlan:
+    """Refill and reorder every window before its forward.
+
+    The leading filled run (committed by this forward) is matched by new masks at the end so that
+    ``window_size`` slots follow it ([B] or one int; an empty window gets ``window_size`` masks).
+    Slots never reach ``limit`` ([B], the end of each request's KV room, vLLM's max_model_len; None:
+    no end). ``committed_len`` [B]: tokens before each window.
+    """
+    slot = windows.slot_index()
+    num_commit = windows.filled.long().cumprod(1).sum(1)  # [B]; filled is False past length
+    refill = (window_size - (windows.length - num_commit)).clamp(min=0)  # [B]
+    if limit is not None:
+        space = (limit - committed_len).clamp(min=0)  # [B] slots before the KV room ends
+        refill = torch.minimum(refill, space - windows.length).clamp(min=0)
+    length = windows.length + refill  # [B]; the new slots are already masks (invariant)
+    valid = slot < length[:, None]  # [B, C]
+    # Filled slots first, then masks, each in logical order (a stable sort), padding last: the
+    # leading filled run sits at its own positions, and the mask rows are each forward's last rows.
+    key = torch.where(valid, (~windows.filled).to(torch.int8), 2)
+    order = torch.argsort(key, dim=1, stable=True)
+    num_masks = length - windows.filled.sum(1)
+    return BatchPlan(WindowBatch(windows.tokens, windows.filled, length), order, num_commit, num_masks)
+
+
+def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy: torch.Tensor,
+                   mask_tokens: torch.Tensor, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
+                   mask_id: int) -> WindowBatch:
+    """Fill the chosen masks of every planned window (``BatchPlan.windows``), then drop its committed
+    run (``BatchPlan.num_commit`` [B]); the next windows.
+
+    ``mask_entropy`` [N] float32 / ``mask_tokens`` [N] int64: one entry per mask row, window by
+    window, masks in logical order (= their physical order), N = ``num_masks.sum()``.
+    ``entropy_threshold`` [B] float32 (tau; -inf where a request fills one mask per step) and
+    ``pos_penalty`` [B] float32 (lambda): adjusted entropy = entropy + lambda * (slot - first mask
+    slot); every mask strictly below tau is filled, or else the lowest (first on ties).
+    """
+    slot = windows.slot_index()
+    is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C]
+    tokens, filled = windows.tokens, windows.filled
+    if mask_entropy.numel():
+        # Mask k of the flattened [B, C] grid (row-major = window by window, logical order) reads
+        # row k of the inputs: a gather, so no host sync.
+        source = (is_mask.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(is_mask)  # [B, C]
+        entropy = mask_entropy.float()[source]  # [B, C]
+        drawn = mask_tokens.long()[source]  # [B, C]
+        first_mask = is_mask.to(torch.int8).argmax(1, keepdim=True)  # [B, 1]
+        adjusted = entropy + pos_penalty.float()[:, None] * (slot - first_mask).float()
+        adjusted = adjusted.masked_fill(~is_mask, float("inf"))
+        chosen = is_mask & (adjusted < entropy_threshold.float()[:, None])
+        fallback = ~chosen.any(1) & is_mask.any(1)  # [B]
+        chosen |= fallback[:, None] & (slot == adjusted.argmin(1, keepdim=True))
+        tokens = torch.where(chosen, drawn, tokens)
+        filled = filled | chosen
+    # Drop the committed run: slot j takes slot j + num_commit; the freed tail becomes padding.
+    shifted = slot + num_commit[:, None]  # [B, C]
+    inside = shifted < windows.capacity
+    shifted = shifted.clamp(max=windows.capacity - 1)
+    tokens = torch.where(inside, tokens.gather(1, shifted), mask_id)
+    filled = inside & filled.gather(1, shifted)
+    return WindowBatch(tokens, filled, windows.length - num_commit)
