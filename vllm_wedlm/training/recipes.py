@@ -2,7 +2,10 @@
 
 * ``micro``: about 1M parameters; about 3 minutes on one GPU, about 20 on a 2-core CPU; a trained
   copy ships in ``vllm_wedlm/checkpoints/micro`` (the demo's model and the WeDLM-speed tests');
-* ``small``: the GPU recipe, one H100 for at most ten minutes.
+* ``small``: the GPU recipe, one H100 for at most ten minutes;
+* ``smollm2``: WeDLM training of a real pretrained LM, SmolLM2-135M-Instruct converted to WeDLM
+  (``--from-pretrained``), on its own answers (``--data``, distill.py); the stages and their
+  commands are in pipeline.py.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class Recipe:
     # subset (training/masking.py): a tail is what an inference window looks like.
     suffix_mask_prob: float = 0.0
     seed: int = 0
+    # Training stops after this many seconds even if steps remain (a stage's time box; None = no limit).
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mlm_weighting not in MLM_WEIGHTINGS:
@@ -110,5 +115,24 @@ RECIPES = {
         learning_rate=1e-3,
         warmup_steps=150,
         max_length=256,
+    ),
+    # A pretrained 135M-parameter model (its shapes come from the checkpoint; model only sets the
+    # precision: bf16 autocast on a GPU, weights saved in bf16) continued with WeDLM's objective on
+    # its own greedy answers (self-distillation), so the AR loss keeps it what it was while the MLM
+    # loss teaches parallel filling. A gentler learning rate than from scratch; half the blocks
+    # masked as a contiguous tail and uniform MLM weighting, as the micro recipe settled on. 512
+    # tokens per chat hold SmolLM2's default system turn, the prompt and a 256-token answer. The
+    # time limit keeps the stage inside ten minutes on one H100 with loading and saving.
+    "smollm2": Recipe(
+        name="smollm2",
+        model=TinySpec(dtype="bfloat16"),
+        steps=1500,
+        batch_size=32,
+        learning_rate=1e-4,
+        warmup_steps=100,
+        max_length=512,
+        mlm_weighting="uniform",
+        suffix_mask_prob=0.5,
+        time_limit_s=450.0,
     ),
 }

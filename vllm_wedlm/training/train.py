@@ -1,8 +1,13 @@
-"""Train a WeDLM model: from scratch (a recipe's shapes) or from a transformers Qwen2/Qwen3 AR model.
+"""Train a WeDLM model: from scratch (a recipe's shapes) or from a pretrained AR model.
 
     python -m vllm_wedlm.training OUT_DIR --recipe micro            # a GPU: 3 minutes, a CPU: 20
     python -m vllm_wedlm.training OUT_DIR --recipe small            # one GPU, under ten minutes
-    python -m vllm_wedlm.training OUT_DIR --from-pretrained QWEN_DIR --steps 2000
+    python -m vllm_wedlm.training OUT_DIR --from-pretrained SRC --steps 2000
+    python -m vllm_wedlm.training OUT_DIR --recipe smollm2 --from-pretrained CONVERTED --data CHATS.jsonl
+
+``--from-pretrained`` takes what convert.py takes (a Llama-family, Qwen2 or Qwen3 directory or GGUF
+file) or a WeDLM checkpoint; the source's own tokenizer and chat template are kept. ``--data`` trains
+on a chat data file (chat_data.py; e.g. distill.py's self-distillation) instead of the task mixture.
 
 The result is a WeDLM checkpoint in the published format, ready for
 ``vllm serve OUT_DIR --decoding wedlm``. Progress (losses, throughput, time left) goes to stderr.
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from vllm_wedlm.checkpoints.tiny import (
     MASK_TOKEN,
@@ -33,9 +38,12 @@ from vllm_wedlm.checkpoints.tiny import (
     train_bpe_tokenizer,
     write_checkpoint,
 )
-from vllm_wedlm.training.convert import add_chat_template, add_mask_token, save_wedlm
+from vllm_wedlm.training.chat_data import read_chats
+from vllm_wedlm.training.convert import DTYPES, add_chat_template, add_mask_token, save_wedlm
 from vllm_wedlm.training.objective import collate, wedlm_losses
+from vllm_wedlm.training.provenance import provenance_note
 from vllm_wedlm.training.recipes import MLM_WEIGHTINGS, RECIPES, Recipe
+from vllm_wedlm.training.sources import SourceRef, load_source
 from vllm_wedlm.training.tasks import KINDS, Task, chat_prompt, mixture
 
 
@@ -111,7 +119,8 @@ def train(
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
     log_every: int = 20,
 ) -> list[dict]:
-    """Run ``recipe.steps`` optimiser steps; return the logged history."""
+    """Run ``recipe.steps`` optimiser steps (fewer if ``recipe.time_limit_s`` runs out); return the
+    logged history."""
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -156,9 +165,10 @@ def train(
         tokens_seen += batch.input_ids.numel()
         for name in running:
             running[name] += getattr(losses, name).item()
-        if (step + 1) % log_every == 0 or step + 1 == recipe.steps:
+        elapsed = time.perf_counter() - start
+        out_of_time = recipe.time_limit_s is not None and elapsed > recipe.time_limit_s
+        if (step + 1) % log_every == 0 or step + 1 == recipe.steps or out_of_time:
             count = (step % log_every) + 1
-            elapsed = time.perf_counter() - start
             entry = {name: value / count for name, value in running.items()}
             entry.update(step=step + 1, seconds=round(elapsed, 1), lr=learning_rate(recipe, step))
             history.append(entry)
@@ -167,6 +177,10 @@ def train(
                 f"ar {entry['ar']:.3f}  lr {entry['lr']:.2e}  {tokens_seen / elapsed:,.0f} tok/s  "
                 f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left")
             running = dict.fromkeys(running, 0.0)
+        if out_of_time:
+            log(f"stopping after {step + 1} of {recipe.steps} steps: the time limit of {recipe.time_limit_s:.0f}s "
+                "is spent (the learning rate had not decayed to its end)")
+            break
     return history
 
 
@@ -176,11 +190,22 @@ def pick_device(name: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device | None = None) -> Path:
+def training_tasks(recipe: Recipe, data: list[str] | None = None) -> list[Task]:
+    """The chats of chat data files if any are given (in file order, then shuffled), else the recipe's
+    task mixture."""
+    if not data:
+        return mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
+    tasks = [task for path in data for task in read_chats(path)]
+    random.Random(f"{recipe.seed}/data").shuffle(tasks)
+    return tasks
+
+
+def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device | None = None,
+                       data: list[str] | None = None) -> Path:
     """Train ``recipe`` from random weights and write a WeDLM checkpoint into ``out_dir``."""
     device = device or pick_device(None)
     torch.manual_seed(recipe.seed)
-    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
+    tasks = training_tasks(recipe, data)
     tokenizer = chat_bpe_tokenizer(tasks, recipe.vocab_target)
     vocab = Vocabulary.of_tokenizer(chat_tokenizer(tokenizer))
     samples = training_samples(tasks, vocab, recipe)
@@ -194,18 +219,40 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     return out
 
 
-def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe: Recipe, device: torch.device) -> Path:
-    """Fine-tune a Qwen2/Qwen3 AR model with WeDLM's objective on the task mixture; save as WeDLM."""
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    mask_id = add_mask_token(model, tokenizer)
+def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe: Recipe, device: torch.device,
+                          data: list[str] | None = None, gguf: str | None = None) -> Path:
+    """Fine-tune a pretrained AR model (what convert.py takes, or a WeDLM checkpoint) with WeDLM's
+    objective on chat data files or the task mixture; save it as a WeDLM checkpoint in the recipe's dtype.
+
+    The source's tokenizer is used as the source loads it (its own splitting), and prompts are
+    rendered with its chat template, as vLLM renders them when it serves the result.
+    """
+    source = load_source(SourceRef.parse(src, gguf), torch.float32)
+    model, tokenizer = source.model, source.tokenizer
+    rows_before = model.get_input_embeddings().weight.shape[0]
+    mask_id = source.mask_token_id if source.mask_token_id is not None else add_mask_token(model, tokenizer)
     if "<|im_end|>" not in tokenizer.get_vocab():
         raise ValueError("the tokenizer has no <|im_end|>; WeDLM's instruct format is ChatML")
-    add_chat_template(tokenizer)  # the template the checkpoint is saved with
-    tasks = mixture(recipe.task_counts, "train", recipe.seed, recipe.max_number)
+    add_chat_template(tokenizer)  # only if the source has none: the template the checkpoint is saved with
+    tasks = training_tasks(recipe, data)
     vocab = Vocabulary.of_tokenizer(tokenizer)
-    train(model, training_samples(tasks, vocab, recipe), vocab, recipe, device=device)
-    return save_wedlm(model.to("cpu"), tokenizer, out_dir, mask_id)
+    samples = training_samples(tasks, vocab, recipe)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"training {recipe.name} from {src}: {parameters / 1e6:.1f}M parameters, {len(samples)} chats, "
+          f"{recipe.steps} steps of {recipe.batch_size}, on {device}", file=sys.stderr, flush=True)
+    history = train(model, samples, vocab, recipe, device=device)
+    model = model.to("cpu", DTYPES[recipe.model.dtype])
+    steps = history[-1]["step"] if history else 0
+    changes = [f"trained with WeDLM's dual-stream objective by vllm_wedlm.training (recipe {recipe.name}): {steps} "
+               f"steps of {recipe.batch_size} chats on {device_name(device)}",
+               "data: " + (", ".join(Path(d).name for d in data) if data else f"the task mixture {recipe.task_counts}"),
+               f"weights stored as {recipe.model.dtype}"]
+    if source.mask_token_id is None:
+        changes.insert(0, f"mask token added as id {mask_id} ({rows_before} embedding rows before)")
+    out = save_wedlm(model, tokenizer, out_dir, mask_id, notes=provenance_note(source, changes),
+                     license_file=source.license_file, force=True)
+    _write_training_record(out, recipe, history, device)
+    return out
 
 
 def device_name(device: torch.device) -> str:
@@ -236,8 +283,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Train a WeDLM model (dual-stream masking).")
     parser.add_argument("out_dir")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default="micro")
-    parser.add_argument("--from-pretrained", metavar="DIR",
-                        help="start from this transformers Qwen2/Qwen3 causal LM instead of random weights")
+    parser.add_argument("--from-pretrained", metavar="SRC",
+                        help="start from this pretrained causal LM (Llama-family, Qwen2, Qwen3 or WeDLM; a directory "
+                             "or a .gguf file) instead of random weights")
+    parser.add_argument("--gguf", metavar="FILE", help="a GGUF file inside the --from-pretrained directory")
+    parser.add_argument("--data", metavar="FILE", action="append",
+                        help="train on this chat data file (JSON lines, see chat_data.py; repeatable) instead of the "
+                             "recipe's task mixture")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="stop training after this long (the checkpoint is still written)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--learning-rate", type=float)
@@ -261,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         task_counts=_counts_per_kind(args.tasks, "--tasks") if args.tasks else None,
         oversample=_counts_per_kind(args.oversample, "--oversample") if args.oversample else None,
         ar_weight=args.ar_weight, mlm_weighting=args.mlm_weighting, suffix_mask_prob=args.suffix_mask_prob,
+        time_limit_s=args.time_limit,
     )
     if args.num_layers or args.hidden_size:
         model = recipe.model
@@ -271,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         ))
     device = pick_device(args.device)
     if args.from_pretrained:
-        out = train_from_pretrained(args.from_pretrained, args.out_dir, recipe, device)
+        out = train_from_pretrained(args.from_pretrained, args.out_dir, recipe, device, args.data, args.gguf)
     else:
-        out = train_from_scratch(args.out_dir, recipe, device)
+        out = train_from_scratch(args.out_dir, recipe, device, args.data)
     print(out)
