@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p_off = sub.add_parser("offline", help="vllm.LLM, whole batches at once")
     _common(p_off)
     p_off.add_argument("--batch-sizes", default="1,8,64")
+    p_off.add_argument("--repeats", type=int, default=1, help="timed runs per point (median and spread kept)")
     p_on = sub.add_parser("online", help="a real vllm serve under fixed concurrency, streamed")
     _common(p_on)
     p_on.add_argument("--concurrency", default="1,8,64")
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     p_step.add_argument("--lengths", default="128,384", help="the two output lengths whose difference is timed")
     p_step.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p_step.add_argument("--workdir", default=str(Path(".cache") / "step-cost"))
+    p_step.add_argument("--repeats", type=int, default=1, help="timed pairs per point (median and spread kept)")
     p_step.add_argument("--json", required=True)
     p_rep = sub.add_parser("report", help="markdown tables and plots from result files")
     p_rep.add_argument("results", nargs="+")
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}
         rows = step_cost.run(model, windows=_ints(args.windows), batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
-                             lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress)
+                             lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,
+                             repeats=args.repeats)
         record.update(model=f"{args.shape} (random weights)")
     else:
         model = args.model or default_model()
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                       progress=progress)
         if args.command == "offline":
             rows = offline.run(model, modes, workloads, batch_sizes=_ints(args.batch_sizes),
-                               engine_overrides=_engine_overrides(args), **common)
+                               engine_overrides=_engine_overrides(args), repeats=args.repeats, **common)
         else:
             extra = ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
             if args.gpu_memory_utilization:

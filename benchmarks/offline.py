@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.stats import accuracy
 from benchmarks.workload import Prompt, take
-from vllm_wedlm.evaluation import request_forwards
+from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
 from vllm_wedlm.testing import engine_kwargs
 
 
@@ -53,8 +55,9 @@ def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool):
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, batch_sizes: list[int],
         max_tokens: list[int], ignore_eos: bool, window_size: int,
-        engine_overrides: dict[str, Any], progress) -> list[dict]:
-    """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots)."""
+        engine_overrides: dict[str, Any], progress, repeats: int = 1) -> list[dict]:
+    """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots), each
+    timed ``repeats`` times (median seconds and spread; greedy outputs are the same every time)."""
     from vllm import LLM
 
     rows = []
@@ -72,21 +75,28 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                     params = sampling_params(mode, limit, ignore_eos)
                     batch = take(prompts, batch_size)
                     before = counter.snapshot()
-                    start = time.perf_counter()
-                    outputs = llm.generate([p.text for p in batch], params, use_tqdm=False)
-                    seconds = time.perf_counter() - start
+                    modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
+                    times = []
+                    for _ in range(repeats):
+                        start = time.perf_counter()
+                        outputs = llm.generate([p.text for p in batch], params, use_tqdm=False)
+                        times.append(time.perf_counter() - start)
+                    seconds = float(np.median(times))
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-                    forwards = counter.forwards(before, counter.snapshot(), tokens)
+                    forwards = counter.forwards(before, counter.snapshot(), tokens * repeats) / repeats
                     row = {
                         "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
                         "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
                         "requests": len(outputs),
                         "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
                         "output_tokens": tokens, "seconds": round(seconds, 4),
+                        "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": repeats,
                         "output_tok_s": round(tokens / seconds, 2),
                         "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
                         "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
                     }
+                    if mode.decoding == "wedlm":
+                        row["graph_modes"] = graph_modes_since(llm, modes_before)
                     rows.append(row)
                     progress(len(rows), total, row)
         finally:

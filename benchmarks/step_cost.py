@@ -10,7 +10,8 @@ measured, not what a trained model would commit. Two WeDLM settings per window s
   commits per forward (windows of 1 filled + W masks): the floor, the pure overhead of a window.
 
 A step's time is taken from two runs of different output lengths, so prefill and start-up cancel:
-``(T(n2) - T(n1)) / (steps(n2) - steps(n1))``.
+``(T(n2) - T(n1)) / (steps(n2) - steps(n1))``, measured ``repeats`` times per point (the row keeps
+the median and the spread). WeDLM rows also say which CUDA graph mode their steps replayed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm_wedlm.checkpoints.tiny import (
     write_model_files,
 )
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
-from vllm_wedlm.evaluation import request_forwards
+from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
 from vllm_wedlm.testing import engine_kwargs
 
 SHAPES = {
@@ -67,11 +68,29 @@ def _steps(llm, decoding: str, batch: int, max_tokens: int, before: int) -> tupl
     return (now - before) / batch, now
 
 
+def _measure(llm, decoding: str, prompts: list[list[int]], lengths: tuple[int, int], tau: float | None) -> tuple:
+    """(seconds per step, tokens per step) of one pair of runs."""
+    n1, n2 = lengths
+    batch = len(prompts)
+    counter = request_forwards(llm) if decoding == "wedlm" else 0
+    t1 = _time_run(llm, prompts, n1, tau)
+    s1, counter = _steps(llm, decoding, batch, n1, counter)
+    t2 = _time_run(llm, prompts, n2, tau)
+    s2, counter = _steps(llm, decoding, batch, n2, counter)
+    return (t2 - t1) / (s2 - s1), (n2 - n1) / (s2 - s1)
+
+
+def _engine_graphs(llm) -> dict:
+    compilation = llm.llm_engine.vllm_config.compilation_config
+    return {"cudagraph_mode": str(compilation.cudagraph_mode.name if compilation.cudagraph_mode else None),
+            "max_cudagraph_capture_size": compilation.max_cudagraph_capture_size}
+
+
 def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
-        lengths: tuple[int, int], engine_overrides: dict[str, Any], progress) -> list[dict]:
+        lengths: tuple[int, int], engine_overrides: dict[str, Any], progress, repeats: int = 1) -> list[dict]:
     from vllm import LLM
 
-    n1, n2 = lengths
+    _, n2 = lengths
     rng = np.random.default_rng(0)
     engines = [("ar", None)] + [("wedlm", w) for w in windows]
     total = len(batch_sizes) * (1 + len(windows) * len(taus))
@@ -83,7 +102,9 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
                         max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
+        started = time.perf_counter()
         llm = LLM(str(model), **settings)
+        engine = {"engine_start_s": round(time.perf_counter() - started, 1), **_engine_graphs(llm)}
         try:
             vocab = llm.llm_engine.model_config.get_vocab_size()
             for tau_name in (["ar"] if decoding == "ar" else taus):
@@ -91,17 +112,18 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                 for batch in batch_sizes:
                     prompts = rng.integers(0, min(vocab, 1000), (batch, prompt_tokens)).tolist()
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
-                    counter = request_forwards(llm) if decoding == "wedlm" else 0
-                    t1 = _time_run(llm, prompts, n1, tau)
-                    s1, counter = _steps(llm, decoding, batch, n1, counter)
-                    t2 = _time_run(llm, prompts, n2, tau)
-                    s2, counter = _steps(llm, decoding, batch, n2, counter)
-                    step_s = (t2 - t1) / (s2 - s1)
-                    tokens_per_step = (n2 - n1) / (s2 - s1)
+                    modes_before = graph_modes(llm) if decoding == "wedlm" else {}
+                    runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
+                    steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
+                    step_ms = float(np.median(steps_ms))
+                    tokens_per_step = float(np.median([tokens for _, tokens in runs]))
                     row = {"mode": "ar" if decoding == "ar" else f"wedlm:{tau_name}", "window_size": window,
-                           "batch_size": batch, "prompt_tokens": prompt_tokens, "step_ms": round(step_s * 1e3, 3),
+                           "batch_size": batch, "prompt_tokens": prompt_tokens, "step_ms": round(step_ms, 3),
+                           "step_ms_spread": [round(steps_ms[0], 3), round(steps_ms[-1], 3)], "repeats": repeats,
                            "tokens_per_step": round(tokens_per_step, 3),
-                           "output_tok_s": round(batch * tokens_per_step / step_s, 1)}
+                           "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
+                    if decoding == "wedlm":
+                        row["graph_modes"] = graph_modes_since(llm, modes_before)
                     rows.append(row)
                     progress(len(rows), total, row)
         finally:

@@ -81,6 +81,20 @@ def request_forwards(llm) -> int:
     return sum(llm.collective_rpc("wedlm_request_forwards"))
 
 
+def graph_modes(llm) -> dict[str, int]:
+    """Steps a WeDLM ``vllm.LLM`` has run so far per CUDA graph mode (FULL, PIECEWISE, NONE = eager)."""
+    total: dict[str, int] = {}
+    for counts in llm.collective_rpc("wedlm_graph_modes"):
+        for mode, count in counts.items():
+            total[mode] = total.get(mode, 0) + count
+    return total
+
+
+def graph_modes_since(llm, before: dict[str, int]) -> dict[str, int]:
+    return {mode: count - before.get(mode, 0) for mode, count in graph_modes(llm).items()
+            if count > before.get(mode, 0)}
+
+
 def trained_max_number(model: str) -> int:
     """The number range a model was trained on (its training.json), else the generator's default:
     held-out tasks must come from the distribution the model learned."""

@@ -90,5 +90,38 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         logger.info("WeDLM: max_num_seqs %d -> %d so that every window fits the token budget",
                     scheduler.max_num_seqs, max_seqs)
         scheduler.max_num_seqs = max_seqs
+    if platform == "cuda":
+        configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
     logger.info("WeDLM decoding: window %d, entropy threshold %s, position penalty %s",
                 settings.window_size, settings.params.entropy_threshold, settings.params.pos_penalty)
+
+
+def graph_sizes(max_tokens: int) -> list[int]:
+    """Token counts to capture CUDA graphs for, up to ``max_tokens``: vLLM's own steps (1, 2, 4,
+    every 8 to 256, every 16 to 512), then every 64 (padding costs at most 63 tokens, under 13%)."""
+    sizes = {1, 2, 4, *range(8, 256, 8), *range(256, 512, 16), *range(512, max_tokens + 1, 64), max_tokens}
+    return sorted(size for size in sizes if size <= max_tokens)
+
+
+def configure_cuda_graphs(vllm_config: VllmConfig, window_tokens: int) -> None:
+    """Every WeDLM step replays a CUDA graph, FULL where the attention backend allows it.
+
+    vLLM's defaults fit AR: graphs up to 2 x max_num_seqs tokens, and FULL graphs only for
+    uniform decode batches (one token per request, or 1 + drafts). A WeDLM step forwards up to
+    ``window_tokens`` (every running window, whole), of varying length per request, so with the
+    defaults large batches ran eager and the rest PIECEWISE. ``FULL`` mode captures FULL graphs
+    for mixed batches by padded token count (the attention backend must support it: FlashAttention
+    3 does; vLLM lowers the mode itself where a backend cannot). A user's own choice stays.
+    """
+    from vllm.config import CUDAGraphMode
+
+    compilation = vllm_config.compilation_config
+    if vllm_config.model_config.enforce_eager:
+        return
+    if compilation.cudagraph_mode is None:
+        compilation.cudagraph_mode = CUDAGraphMode.FULL
+    if compilation.cudagraph_capture_sizes is None and compilation.max_cudagraph_capture_size is None:
+        most = min(window_tokens, vllm_config.scheduler_config.max_num_batched_tokens)
+        compilation.cudagraph_capture_sizes = graph_sizes(most)
+        logger.info("WeDLM: CUDA graphs for steps of up to %d tokens (%d sizes)", most,
+                    len(compilation.cudagraph_capture_sizes))

@@ -16,6 +16,7 @@ tokens, in the physical order this runner planned). The overrides, in the order 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -98,6 +99,8 @@ class WeDLMRunnerMixin:
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
         # measurements over a chosen set of requests (``LLM.collective_rpc``, see the workers).
         self.wedlm_request_forwards = 0
+        # Steps run per CUDA graph mode ("FULL", "PIECEWISE", "NONE" = eager), start-up included.
+        self.wedlm_graph_modes: Counter[str] = Counter()
         # vLLM's spec-decode bookkeeping (``_calc_spec_decode_metadata``, run by ``_prepare_inputs``
         # although WeDLM uses none of it) counts each request's drafts plus one bonus row. Speculative
         # decoding schedules that bonus row as a token; a WeDLM window is drafts only, so a full
@@ -281,6 +284,11 @@ class WeDLMRunnerMixin:
             return None
         return torch.from_numpy(np.flatnonzero(owners)).to(self.device, non_blocking=True)
 
+    def _determine_batch_execution_and_padding(self, *args, **kwargs):
+        decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
+        self.wedlm_graph_modes[decision[0].name] += 1
+        return decision
+
     def _bookkeeping_sync(self, *args, **kwargs):
         # vLLM rewinds the generator of a discarded (partial-prefill) row by one draw; WeDLM drew
         # nothing for it, and CPU generators have no offset to rewind.
@@ -304,3 +312,7 @@ class WeDLMWorkerMixin:
     def wedlm_request_forwards(self) -> int:
         """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
         return self.model_runner.wedlm_request_forwards
+
+    def wedlm_graph_modes(self) -> dict[str, int]:
+        """Steps run per CUDA graph mode so far: ``llm.collective_rpc("wedlm_graph_modes")``."""
+        return dict(self.model_runner.wedlm_graph_modes)
