@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     p_step.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p_step.add_argument("--workdir", default=str(Path(".cache") / "step-cost"))
     p_step.add_argument("--repeats", type=int, default=1, help="timed pairs per point (median and spread kept)")
+    p_step.add_argument("--cudagraph-mode", help="vLLM's compilation_config cudagraph_mode for every engine "
+                        "(default: vLLM's)")
     p_step.add_argument("--json", required=True)
     p_rep = sub.add_parser("report", help="markdown tables and plots from result files")
     p_rep.add_argument("results", nargs="+")
@@ -129,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "step-cost":
         model = step_cost.write_shape(Path(args.workdir) / args.shape, args.shape)
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}
+        if args.cudagraph_mode:
+            overrides["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
         rows = step_cost.run(model, windows=_ints(args.windows), batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
                              lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,
