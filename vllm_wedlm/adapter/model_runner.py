@@ -28,7 +28,7 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
-from vllm_wedlm.core.batch import WindowBatch, finish_windows, plan_windows
+from vllm_wedlm.core.batch import WindowBatch, finish_windows, leading_filled, plan_windows
 from vllm_wedlm.core.params import WeDLMParams
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
@@ -207,7 +207,6 @@ class WeDLMRunnerMixin:
         host = table.host
         num_reqs = len(step.req_ids)
         states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
-        autoregressive = step.autoregressive
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
 
         # This step's committed tokens were known when it was planned: each window's leading
@@ -222,6 +221,7 @@ class WeDLMRunnerMixin:
             sampled[row, 0] = states[row].next_token
         self.wedlm_request_forwards += len(w_slots)
 
+        autoregressive = step.autoregressive
         new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
         resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
         ar_next = step.ar_decode | (step.completes_prefill & autoregressive & (step.num_logits > 0))
@@ -240,7 +240,8 @@ class WeDLMRunnerMixin:
                 mask_rows = self._window_logit_rows(step)
                 mask_logits = logits if mask_rows is None else logits[mask_rows]
                 mask_tokens = tokens if mask_rows is None else tokens[mask_rows]
-                parts.append(finish_windows(table.windows.rows(ws), table.num_commit[ws], row_entropy(mask_logits),
+                planned = table.windows.rows(ws)
+                parts.append(finish_windows(planned, leading_filled(planned.filled), row_entropy(mask_logits),
                                             mask_tokens, table.entropy_threshold[ws], table.pos_penalty[ws],
                                             self.wedlm_mask_id))
             if new.any():

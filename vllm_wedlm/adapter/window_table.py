@@ -51,7 +51,6 @@ class WindowTable:
     def __init__(self, capacity: int, mask_id: int, device: torch.device, slots: int = 64):
         self.capacity, self.mask_id, self.device = capacity, mask_id, device
         self.windows = WindowBatch.empty(slots, capacity, mask_id, device)  # planned windows
-        self.num_commit = torch.zeros(slots, dtype=torch.long, device=device)  # [S]
         self.entropy_threshold = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] tau
         self.pos_penalty = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] lambda
         self.host = HostWindows.zeros(slots, capacity)
@@ -71,12 +70,8 @@ class WindowTable:
         self._free.append(slot)
 
     def _grow(self) -> None:
-        old = len(self.num_commit)
-        more = WindowBatch.empty(old, self.capacity, self.mask_id, self.device)
-        w = self.windows
-        self.windows = WindowBatch(torch.cat([w.tokens, more.tokens]), torch.cat([w.filled, more.filled]),
-                                   torch.cat([w.length, more.length]))
-        self.num_commit = torch.cat([self.num_commit, torch.zeros_like(self.num_commit)])
+        old = len(self.pos_penalty)
+        self.windows = WindowBatch.cat([self.windows, WindowBatch.empty(old, self.capacity, self.mask_id, self.device)])
         self.entropy_threshold = torch.cat([self.entropy_threshold, torch.zeros_like(self.entropy_threshold)])
         self.pos_penalty = torch.cat([self.pos_penalty, torch.zeros_like(self.pos_penalty)])
         self.host = self.host.grown(2 * old)
@@ -85,7 +80,6 @@ class WindowTable:
     def store(self, slots: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet."""
         self.windows.store(slots, plan.windows)
-        self.num_commit[slots] = plan.num_commit
         counts = torch.stack([plan.windows.length, plan.num_commit, plan.num_masks], dim=1)  # [P, 3]
         return torch.cat([plan.input_ids, plan.order, counts], dim=1)
 

@@ -75,6 +75,12 @@ class BatchPlan:
         return self.windows.tokens.gather(1, self.order)
 
 
+def leading_filled(filled: torch.Tensor) -> torch.Tensor:
+    """[B, C] bool -> [B] int64: each window's run of filled slots at the front, the tokens its next
+    forward commits (filled is False past a window's length, so the run stops there)."""
+    return filled.long().cumprod(1).sum(1)
+
+
 def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committed_len: torch.Tensor,
                  limit: torch.Tensor | None) -> BatchPlan:
     """Refill and reorder every window before its forward.
@@ -85,7 +91,7 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
     no end). ``committed_len`` [B]: tokens before each window.
     """
     slot = windows.slot_index()
-    num_commit = windows.filled.long().cumprod(1).sum(1)  # [B]; filled is False past length
+    num_commit = leading_filled(windows.filled)  # [B]
     refill = (window_size - (windows.length - num_commit)).clamp(min=0)  # [B]
     if limit is not None:
         space = (limit - committed_len).clamp(min=0)  # [B] slots before the KV room ends
