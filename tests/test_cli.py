@@ -63,9 +63,9 @@ def test_unknown_mode_in_additional_config_is_refused_at_start_up(tiny_checkpoin
 
 def test_wedlm_flags_land_in_additional_config(serve_parser):
     argv = ["--decoding", "wedlm", "--wedlm-window-size", "8", "--wedlm-entropy-threshold", "none",
-            "--wedlm-pos-penalty", "0.1"]
+            "--wedlm-pos-penalty", "0.1", "--wedlm-lossless"]
     assert engine_args(serve_parser, argv).additional_config == {
-        "decoding": "wedlm", "window_size": 8, "entropy_threshold": None, "pos_penalty": 0.1}
+        "decoding": "wedlm", "window_size": 8, "entropy_threshold": None, "pos_penalty": 0.1, "lossless": True}
     argv = ["--decoding", "wedlm", "--wedlm-entropy-threshold", "0.6"]
     assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "entropy_threshold": 0.6}
 
@@ -75,6 +75,7 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
     ({"window_size": 1000}, "window_size must be an integer in"),
     ({"entropy_threshold": -0.5}, "entropy_threshold must be a positive"),
     ({"pos_penalty": -1}, "pos_penalty must be a finite number"),
+    ({"lossless": "yes"}, "lossless must be true or false"),
 ])
 def test_invalid_server_knobs_are_refused_at_start_up(tiny_checkpoints, settings, message):
     from vllm.engine.arg_utils import EngineArgs

@@ -117,7 +117,8 @@ def test_sampling_greedy_bans_the_mask_and_respects_settings():
 
 @pytest.mark.parametrize("bad", [{"entropy_threshold": 0}, {"entropy_threshold": -1.0},
                                  {"entropy_threshold": float("nan")}, {"pos_penalty": -0.1},
-                                 {"pos_penalty": float("inf")}, {"entropy_threshold": "0.4"}])
+                                 {"pos_penalty": float("inf")}, {"entropy_threshold": "0.4"},
+                                 {"lossless": 1}, {"lossless": "true"}])
 def test_invalid_knobs(bad):
     with pytest.raises(ValueError):
         WeDLMParams(**bad)

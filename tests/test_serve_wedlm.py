@@ -58,9 +58,9 @@ def completion(url, **body):
     return post(url, "/v1/completions", body).json()["choices"][0]
 
 
-def expect(reference, prompt_ids, max_tokens, tau=0.4, stop=()):
+def expect(reference, prompt_ids, max_tokens, tau=0.4, stop=(), lossless=False):
     rule = StopRule(max_tokens=max_tokens, stop_token_ids=frozenset(stop))
-    return reference.generate(prompt_ids, rule, WeDLMParams(tau, 0.02)).token_ids
+    return reference.generate(prompt_ids, rule, WeDLMParams(tau, 0.02, lossless)).token_ids
 
 
 def test_completion_equals_reference_with_server_and_request_knobs(setup):
@@ -78,6 +78,21 @@ def test_eos_mid_window_ends_the_request_there(setup):
     assert expected[-1] == eos and len(expected) % WINDOW != 0  # really mid-window
     assert choice["token_ids"] == expected
     assert choice["finish_reason"] == "stop"
+
+
+def test_lossless_requests_through_vllm_xargs(setup):
+    """``vllm_xargs: {"wedlm_lossless": true}``: the reference's lossless output (which is AR
+    decoding's, tests/test_lossless_core.py), EOS included, streamed or not."""
+    url, reference, eos, _ = setup
+    lossless = {"wedlm_lossless": True, **FILL_ALL}
+    choice = completion(url, max_tokens=24, vllm_xargs=lossless)
+    expected = expect(reference, choice["prompt_token_ids"], 24, tau=1e9, stop=[eos], lossless=True)
+    assert choice["token_ids"] == expected
+    assert choice["finish_reason"] == ("stop" if expected[-1] == eos else "length")
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 24, "ignore_eos": True, "vllm_xargs": lossless}
+    events = sse_events(post(url, "/v1/completions", {**body, "stream": True}, stream=True))
+    whole = post(url, "/v1/completions", body).json()["choices"][0]["text"]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole
 
 
 def test_stop_token_ids_and_max_tokens_are_exact(setup):
@@ -124,13 +139,15 @@ def test_chat_stream(setup):
 @pytest.mark.parametrize("body,message", [
     ({"vllm_xargs": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"vllm_xargs": {"wedlm_pos_penalty": -2}}, "pos_penalty must be a finite number"),
+    ({"vllm_xargs": {"wedlm_lossless": "yes"}}, "wedlm_lossless must be true or false"),
+    ({"vllm_xargs": {"wedlm_lossless": 2}}, "wedlm_lossless must be true or false"),
     ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured outputs"),
     ({"response_format": {"type": "json_object"}}, "structured outputs"),
     ({"logprobs": 2}, "logprobs"),
     # Misspelt knobs: an error naming the accepted keys, not a silent default.
     ({"vllm_xargs": {"wedlm_window": 4}},
      "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_decoding', "
-     "'wedlm_entropy_threshold', 'wedlm_pos_penalty'"),
+     "'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty'"),
     ({"vllm_xargs": {"wedlm_entropy_treshold": 0.5}}, "unknown WeDLM key\\(s\\) 'wedlm_entropy_treshold'"),
     ({"prompt": "1, 2, 3, " * 400}, "maximum context length|max_model_len|too long|longer than"),
 ])

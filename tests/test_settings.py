@@ -17,8 +17,8 @@ import pytest
 import vllm_wedlm
 from plain_qwen import plain_qwen3_copy
 
-ACCEPTED_SETTINGS = "'decoding', 'entropy_threshold', 'pos_penalty', 'window_size'"
-ACCEPTED_REQUEST_KEYS = "'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_pos_penalty'"
+ACCEPTED_SETTINGS = "'decoding', 'entropy_threshold', 'lossless', 'pos_penalty', 'window_size'"
+ACCEPTED_REQUEST_KEYS = "'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty'"
 
 
 class PlatformConfig:
@@ -104,3 +104,16 @@ def test_misspelt_request_knobs_are_refused(extra_args, unknown):
 def test_request_keys_of_others_pass():
     validate({"wedlm_entropy_threshold": 0.5, "wedlm_pos_penalty": 0.1, "kv_transfer_params": {}, "other": 1})
     validate(None)
+
+
+def test_the_lossless_flag_per_request_over_the_server_default():
+    from vllm_wedlm.config import WeDLMSettings
+
+    server = WeDLMSettings.from_additional_config({"decoding": "wedlm", "lossless": True})
+    assert server.request_params(None).lossless
+    assert not server.request_params({"wedlm_lossless": False}).lossless
+    # vLLM's OpenAI server turns JSON true / false in vllm_xargs into 1 / 0.
+    assert WeDLMSettings().request_params({"wedlm_lossless": 1}).lossless
+    assert not server.request_params({"wedlm_lossless": 0}).lossless
+    with pytest.raises(ValueError, match="wedlm_lossless must be true or false"):
+        validate({"wedlm_lossless": "true"})

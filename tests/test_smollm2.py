@@ -88,6 +88,19 @@ def test_converted_tokenizer_splits_like_the_source(converted, source_tokenizer)
     assert len(splitting_differences(source_tokenizer, Qwen2Tokenizer.from_pretrained(converted))) >= 3
 
 
+def test_lossless_wedlm_on_it_is_greedy_equal_to_transformers(converted, reference_answers):
+    """Lossless WeDLM (server-wide: additional_config lossless) on the converted real model, whose
+    mask head is untrained, still answers exactly as the source model decoded AR does."""
+    from vllm import SamplingParams
+
+    config = {"decoding": "wedlm", "window_size": 8, "lossless": True, "entropy_threshold": 1e9}
+    with running_llm(converted, dtype="float32", additional_config=config) as llm:
+        outputs = llm.chat(CHATS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    for output, (prompt_ids, answer_ids) in zip(outputs, reference_answers, strict=True):
+        assert list(output.prompt_token_ids) == prompt_ids
+        assert list(output.outputs[0].token_ids) == answer_ids, output.outputs[0].text
+
+
 def test_vllm_serves_it_greedy_equal_to_transformers(converted, source_tokenizer, reference_answers, tmp_path):
     from vllm import SamplingParams
 

@@ -21,6 +21,7 @@ from vllm_wedlm.config import (
     DECODING_MODES,
     DEFAULT_DECODING,
     ENTROPY_THRESHOLD_KEY,
+    LOSSLESS_KEY,
     POS_PENALTY_KEY,
     WINDOW_SIZE_KEY,
     asks_for_wedlm,
@@ -41,6 +42,7 @@ _FLAG_KEYS = {
     "wedlm_window_size": WINDOW_SIZE_KEY,
     "wedlm_entropy_threshold": ENTROPY_THRESHOLD_KEY,
     "wedlm_pos_penalty": POS_PENALTY_KEY,
+    "wedlm_lossless": LOSSLESS_KEY,
 }
 
 
@@ -62,6 +64,10 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--wedlm-pos-penalty", type=float, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: entropy penalty per slot of distance from the first mask "
                        f"(default {DEFAULT_PARAMS.pos_penalty}). Per request: 'wedlm_pos_penalty'.")
+    group.add_argument("--wedlm-lossless", action="store_true", default=argparse.SUPPRESS,
+                       help="WeDLM mode: verify every fill against the model's next-token prediction before "
+                       "committing it, so the output is exactly --decoding ar's (greedy: token for token; "
+                       "sampled: in distribution) at several tokens per forward. Per request: 'wedlm_lossless'.")
 
 
 def fold_into_additional_config(args: argparse.Namespace) -> None:

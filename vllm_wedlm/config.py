@@ -24,7 +24,8 @@ DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
-SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY)
+LOSSLESS_KEY = "lossless"
+SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY, LOSSLESS_KEY)
 
 #: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
 #: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
@@ -36,10 +37,13 @@ VLLM_KEYS = ("gdn_prefill_backend",)
 REQUEST_KEY_PREFIX = "wedlm_"
 REQUEST_ENTROPY_THRESHOLD = "wedlm_entropy_threshold"
 REQUEST_POS_PENALTY = "wedlm_pos_penalty"
+#: true: the request's fills are verified against the model's next-token prediction, so its output
+#: is exactly AR decoding's on the same weights (WeDLMParams.lossless).
+REQUEST_LOSSLESS = "wedlm_lossless"
 #: "ar" decodes this request one token per forward on a WeDLM engine (same weights, same batches);
 #: "wedlm" (the default there) with the WeDLM window. An AR engine has no WeDLM requests.
 REQUEST_DECODING = "wedlm_decoding"
-REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY)
+REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY, REQUEST_LOSSLESS)
 
 
 def max_window_tokens(window_size: int) -> int:
@@ -70,7 +74,7 @@ class WeDLMSettings:
     ``max_window_tokens(W)`` tokens."""
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
-    """Server default of the selection knobs (tau, lambda)."""
+    """Server defaults of the per-request knobs (tau, lambda, lossless)."""
 
     @property
     def wedlm(self) -> bool:
@@ -114,11 +118,12 @@ class WeDLMSettings:
         params = WeDLMParams(
             entropy_threshold=additional_config.get(ENTROPY_THRESHOLD_KEY, DEFAULT_PARAMS.entropy_threshold),
             pos_penalty=additional_config.get(POS_PENALTY_KEY, DEFAULT_PARAMS.pos_penalty),
+            lossless=additional_config.get(LOSSLESS_KEY, DEFAULT_PARAMS.lossless),
         )
         return cls(decoding=decoding, window_size=window_size, params=params)
 
     def request_params(self, extra_args: dict | None) -> WeDLMParams:
-        """The selection knobs of one request: its extra_args over the server defaults.
+        """The knobs of one request: its extra_args over the server defaults.
 
         A ``wedlm_`` key that is not a knob (``wedlm_window``, ``wedlm_entropy_treshold``) is an
         error, not a silent default; keys without the prefix belong to others.
@@ -135,7 +140,19 @@ class WeDLMSettings:
         return WeDLMParams(
             entropy_threshold=extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),
+            lossless=request_flag(extra_args, REQUEST_LOSSLESS, self.params.lossless),
         )
+
+
+def request_flag(extra_args: dict, key: str, default: bool) -> bool:
+    """A true/false knob of a request. vLLM's OpenAI server types ``vllm_xargs`` values as str, int,
+    float or lists of them, so JSON ``true`` arrives as 1: 1 and 0 are accepted beside booleans."""
+    value = extra_args.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
 def request_decoding(extra_args: dict | None) -> str:

@@ -92,8 +92,9 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         scheduler.max_num_seqs = max_seqs
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
-    logger.info("WeDLM decoding: window %d, entropy threshold %s, position penalty %s",
-                settings.window_size, settings.params.entropy_threshold, settings.params.pos_penalty)
+    logger.info("WeDLM decoding: window %d, entropy threshold %s, position penalty %s, lossless %s",
+                settings.window_size, settings.params.entropy_threshold, settings.params.pos_penalty,
+                settings.params.lossless)
 
 
 def graph_sizes(max_tokens: int) -> list[int]:

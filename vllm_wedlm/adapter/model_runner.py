@@ -28,9 +28,16 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
-from vllm_wedlm.core.batch import WindowBatch, finish_windows, leading_filled, plan_windows
+from vllm_wedlm.core.batch import (
+    WindowBatch,
+    finish_windows,
+    leading_filled,
+    plan_windows,
+    verification_drafts,
+    verify_windows,
+)
 from vllm_wedlm.core.params import WeDLMParams
-from vllm_wedlm.core.sampling import SamplingBatch, sample
+from vllm_wedlm.core.sampling import SamplingBatch, sample, verify
 from vllm_wedlm.core.selection import row_entropy
 
 if TYPE_CHECKING:
@@ -69,8 +76,19 @@ class StepRows:
     window: np.ndarray  # bool: forwards its WeDLM window
     ar_decode: np.ndarray  # bool: an AR-decoded request forwarding its last sampled token
     completes_prefill: np.ndarray  # bool: a prefill chunk that reaches the request's last token
+    lossless: np.ndarray  # bool: a WeDLM request whose fills are verified (WeDLMParams.lossless)
+    first_token: np.ndarray  # bool: draws the request's first token from the prompt's last row (AR, lossless)
     committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
-    num_logits: np.ndarray  # int64: logits rows (a window's mask rows, the request's last rows)
+    num_logits: np.ndarray  # int64: logits rows: num_checks first rows, then the request's last ones
+    num_checks: np.ndarray  # int64: a lossless window's verification rows (its leading run, first rows)
+    num_ar_rows: np.ndarray  # int64: next-token rows among the logits rows (the first ones)
+
+
+# What a logits row of a step is for.
+_MASK_ROW = 0  # a window's mask row: entropy and a draw for the fill
+_CHECK_ROW = 1  # a lossless window's leading-run row: checks the next fill (core.sampling.verify)
+_AR_NEXT_ROW = 2  # an AR-decoded request's next token
+_FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row): its window's slot 0
 
 
 def _ragged_arange(counts: np.ndarray) -> np.ndarray:
@@ -158,12 +176,17 @@ class WeDLMRunnerMixin:
             if n[row] != 1 or states[row].next_token is None:
                 raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine: {n[row]} tokens scheduled for 1")
         completes_prefill = ~scheduled_drafts & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
-        # An AR request samples its first token from the prompt's last row, as vLLM's sampler would
-        # (after a preemption it already holds it).
-        first_token = completes_prefill & autoregressive
+        # A request decoded AR, or lossless, draws its first token from the prompt's last row, as
+        # vLLM's sampler would; after a preemption it already holds it (in its window if lossless).
+        lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
+        first_token = completes_prefill & (autoregressive | lossless)
         if first_token.any():
-            first_token &= np.fromiter((s.next_token is None for s in states), bool, num_reqs)
-        num_logits = np.where(window, host.num_masks[slots], (ar_decode | first_token).astype(np.int64))
+            first_token &= np.fromiter((s.next_token is None and not s.has_window for s in states), bool, num_reqs)
+        # Logits rows: a lossless window's leading run (its first rows, checked against the AR
+        # prediction), then each request's last rows (a window's masks; an AR request's next token).
+        num_checks = np.where(window & lossless, host.num_commit[slots], 0)  # [B]
+        num_last = np.where(window, host.num_masks[slots], (ar_decode | first_token).astype(np.int64))  # [B]
+        num_logits = num_checks + num_last
 
         # RoPE positions: physical (computed + i) everywhere but in windows, whose row i holds slot
         # order[i] at logical position computed + order[i]. vLLM computed the KV slots from the
@@ -177,17 +200,20 @@ class WeDLMRunnerMixin:
         self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
 
         self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, ar_decode, completes_prefill,
-                                    computed + n, num_logits)
-        # Each request's logits rows are its last num_logits rows.
-        indices = np.repeat(starts + n - num_logits, num_logits) + _ragged_arange(num_logits)
+                                    lossless, first_token, computed + n, num_logits, num_checks,
+                                    num_checks + (ar_decode | first_token))
+        k = _ragged_arange(num_logits)  # [N] row index inside each request's logits
+        first_rows = np.repeat(starts, num_logits) + k
+        last_rows = np.repeat(starts + n - num_logits, num_logits) + k
+        indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
 
-    def _sampling_batch(self, step: StepRows) -> SamplingBatch:
-        """Per-row sampling settings of the step's logits rows, from vLLM's input batch."""
-        counts = step.num_logits
+    def _sampling_batch(self, counts: np.ndarray, num_ar_rows: np.ndarray) -> SamplingBatch:
+        """Per-row sampling settings of ``counts[i]`` ([B]) logits rows of each request of the step, the
+        first ``num_ar_rows[i]`` of them next-token rows, from vLLM's input batch."""
         meta = self.input_batch.sampling_metadata
-        # Mask rows never draw the mask token; an AR request's next-token row may (as in --decoding ar).
-        ar_rows = np.repeat(step.autoregressive, counts)  # [N]
+        # Mask rows never draw the mask token; a next-token row may (as in --decoding ar).
+        ar_rows = _ragged_arange(counts) < np.repeat(num_ar_rows, counts)  # [N]
         ban = torch.from_numpy(~ar_rows).to(self.device, non_blocking=True) if ar_rows.any() else None
         if meta.all_greedy:
             return SamplingBatch(None, None, None, ban)
@@ -209,57 +235,77 @@ class WeDLMRunnerMixin:
         states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
 
-        # This step's committed tokens were known when it was planned: each window's leading
-        # filled run, or an AR request's last sampled token.
+        # This step's committed tokens are each window's leading run (a lossless window's first
+        # run of accepted ones, known below), or an AR request's last sampled token.
         w_slots = step.slots[step.window]
-        commit = host.num_commit[w_slots]  # [Bw]
-        width = max(2, int(commit.max(initial=0)))  # width 1 would keep -1 padding
-        sampled = np.full((num_reqs, width), -1, dtype=np.int32)
-        run = host.input_ids[w_slots, :width]
-        sampled[step.window] = np.where(np.arange(width) < commit[:, None], run, -1)
-        for row in np.flatnonzero(step.ar_decode):
-            sampled[row, 0] = states[row].next_token
+        w_checks = step.num_checks[step.window]  # [Bw], > 0 for lossless windows
+        lead = host.num_commit[w_slots]  # [Bw]
+        width = max(2, int(lead.max(initial=0)))  # width 1 would keep -1 padding
+        run_ids = host.input_ids[w_slots, :width]  # [Bw, width]: leading runs, before the table moves on
+        start_len = host.committed_len[w_slots]  # [Bw]
+        ar_committed = [states[row].next_token for row in np.flatnonzero(step.ar_decode)]  # forwarded this step
         self.wedlm_request_forwards += len(w_slots)
 
         autoregressive = step.autoregressive
         new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
         resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
-        ar_next = step.ar_decode | (step.completes_prefill & autoregressive & (step.num_logits > 0))
+        ar_next = step.ar_decode | (step.first_token & autoregressive)
         plan_slots = np.concatenate([w_slots, step.slots[new]])  # [P]
-        committed_len = np.concatenate([host.committed_len[w_slots] + commit, step.committed_len[new]])  # [P]
+        num_rows = len(step.num_logits) and int(step.num_logits.sum())
+        row_kind = self._row_kinds(step)
 
         device_out = []
         tokens = None
-        if logits is not None and logits.shape[0]:
-            tokens = sample(logits, self._sampling_batch(step), self.wedlm_mask_id)  # [N]
+        if num_rows:
+            tokens = sample(logits, self._sampling_batch(step.num_logits, step.num_ar_rows), self.wedlm_mask_id)  # [N]
+        verified_commit = w_checks.any()
         if len(plan_slots):
             slots_dev = torch.from_numpy(plan_slots).to(self.device, non_blocking=True)
             parts = []
+            committed_len = torch.from_numpy(step.committed_len[new]).to(self.device, non_blocking=True)
             if len(w_slots):
                 ws = slots_dev[: len(w_slots)]
-                mask_rows = self._window_logit_rows(step)
-                mask_logits = logits if mask_rows is None else logits[mask_rows]
-                mask_tokens = tokens if mask_rows is None else tokens[mask_rows]
                 planned = table.windows.rows(ws)
-                parts.append(finish_windows(planned, leading_filled(planned.filled), row_entropy(mask_logits),
-                                            mask_tokens, table.entropy_threshold[ws], table.pos_penalty[ws],
-                                            self.wedlm_mask_id))
+                verified, commit = None, leading_filled(planned.filled)
+                if verified_commit:
+                    verified, commit = self._verify(planned, logits, row_kind, w_checks, step)
+                    device_out.append(commit)
+                mask_rows = row_kind == _MASK_ROW
+                mask_logits = self._rows(logits, mask_rows)
+                parts.append(finish_windows(planned, commit, row_entropy(mask_logits), self._rows(tokens, mask_rows),
+                                            table.entropy_threshold[ws], table.pos_penalty[ws], self.wedlm_mask_id,
+                                            verified))
+                committed_len = torch.cat([torch.from_numpy(start_len).to(self.device, non_blocking=True) + commit,
+                                           committed_len])
             if new.any():
-                parts.append(WindowBatch.empty(int(new.sum()), table.capacity, self.wedlm_mask_id, self.device))
-            committed_dev = torch.from_numpy(committed_len).to(self.device, non_blocking=True)
-            plan = plan_windows(WindowBatch.cat(parts), self.wedlm.window_size, committed_dev, self.max_model_len)
+                fresh = WindowBatch.empty(int(new.sum()), table.capacity, self.wedlm_mask_id, self.device)
+                lossless_new = step.lossless[new]
+                if lossless_new.any():
+                    # A lossless window starts with the token drawn from the prompt's last row.
+                    first = self._rows(tokens, row_kind == _FIRST_TOKEN_ROW)
+                    index = torch.from_numpy(np.flatnonzero(lossless_new)).to(self.device, non_blocking=True)
+                    fresh.tokens[index, 0] = first
+                    fresh.filled[index, 0] = True
+                parts.append(fresh)
+            plan = plan_windows(WindowBatch.cat(parts), self.wedlm.window_size, committed_len, self.max_model_len)
             device_out.append(table.store(slots_dev, plan).flatten())
         if ar_next.any():
-            ar_rows = np.repeat(ar_next, step.num_logits)  # logits rows of AR requests (one each)
-            device_out.append(tokens[torch.from_numpy(np.flatnonzero(ar_rows)).to(self.device)])
+            device_out.append(self._rows(tokens, row_kind == _AR_NEXT_ROW))
         # The step's one device-to-host copy.
         received = torch.cat(device_out).cpu().numpy() if device_out else np.zeros(0, np.int64)
+        commit = lead
+        if verified_commit:
+            commit, received = received[: len(w_slots)], received[len(w_slots):]
         packet_size = len(plan_slots) * packet_width(table.capacity)
         if len(plan_slots):
-            table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1), committed_len)
+            table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1),
+                          np.concatenate([start_len + commit, step.committed_len[new]]))
         for row, token in zip(np.flatnonzero(ar_next), received[packet_size:].tolist(), strict=True):
             states[row].next_token = token
 
+        sampled = np.full((num_reqs, width), -1, dtype=np.int32)
+        sampled[step.window] = np.where(np.arange(width) < commit[:, None], run_ids, -1)
+        sampled[step.ar_decode, 0] = ar_committed
         next_windows: dict[str, list[int]] = {}
         for row in np.flatnonzero(step.window | new):
             states[row].has_window = True
@@ -278,12 +324,34 @@ class WeDLMRunnerMixin:
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=None)
 
-    def _window_logit_rows(self, step: StepRows) -> torch.Tensor | None:
-        """[Nw] logits rows of WeDLM windows (their mask rows), or None when every row is one."""
-        owners = np.repeat(step.window, step.num_logits)
-        if owners.all():
-            return None
-        return torch.from_numpy(np.flatnonzero(owners)).to(self.device, non_blocking=True)
+    def _row_kinds(self, step: StepRows) -> np.ndarray:
+        """[N] int8: what each logits row of the step is for (``_MASK_ROW`` ...), request by request."""
+        k = _ragged_arange(step.num_logits)  # [N]
+        checking = k < np.repeat(step.num_checks, step.num_logits)
+        kind = np.where(checking, _CHECK_ROW, _MASK_ROW).astype(np.int8)
+        kind[np.repeat(step.ar_decode | (step.first_token & step.autoregressive), step.num_logits)] = _AR_NEXT_ROW
+        kind[np.repeat(step.first_token & ~step.autoregressive, step.num_logits)] = _FIRST_TOKEN_ROW
+        return kind
+
+    def _rows(self, values: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
+        """The ``chosen`` ([N] bool, host) rows of ``values`` ([N, ...], device); no copy when all are."""
+        if chosen.all():
+            return values
+        return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
+
+    def _verify(self, planned: WindowBatch, logits: torch.Tensor, row_kind: np.ndarray, w_checks: np.ndarray,
+                step: StepRows) -> tuple[WindowBatch, torch.Tensor]:
+        """Check the lossless windows' fills against their AR rows (``core.batch.verify_windows``);
+        the windows to fill on and the committed run of every window of the step ([Bw], device)."""
+        w_slots = step.slots[step.window]
+        check_logits = self._rows(logits, row_kind == _CHECK_ROW)
+        drafts = verification_drafts(torch.from_numpy(self.wedlm_table.host.input_ids[w_slots]),
+                                     torch.from_numpy(w_checks))  # [R], on the host: no device sync
+        counts = np.where(step.window, step.num_checks, 0)
+        accepted, row_tokens = verify(check_logits, drafts.to(self.device, non_blocking=True),
+                                      self._sampling_batch(counts, counts), self.wedlm_mask_id)
+        return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
+                              row_tokens, self.wedlm.window_size, self.wedlm_mask_id)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)

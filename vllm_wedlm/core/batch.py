@@ -108,30 +108,34 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
 
 def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy: torch.Tensor,
                    mask_tokens: torch.Tensor, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
-                   mask_id: int) -> WindowBatch:
+                   mask_id: int, verified: WindowBatch | None = None) -> WindowBatch:
     """Fill the chosen masks of every planned window (``BatchPlan.windows``), then drop its committed
-    run (``BatchPlan.num_commit`` [B]); the next windows.
+    run (``num_commit`` [B]: ``BatchPlan.num_commit``, or ``verify_windows``'s); the next windows.
 
-    ``mask_entropy`` [N] float32 / ``mask_tokens`` [N] int64: one entry per mask row, window by
-    window, masks in logical order (= their physical order), N = ``num_masks.sum()``.
+    ``mask_entropy`` [N] float32 / ``mask_tokens`` [N] int64: one entry per mask row of the planned
+    windows, window by window, masks in logical order (= their physical order), N = ``num_masks.sum()``.
     ``entropy_threshold`` [B] float32 (tau; -inf where a request fills one mask per step) and
     ``pos_penalty`` [B] float32 (lambda): adjusted entropy = entropy + lambda * (slot - first mask
     slot); every mask strictly below tau is filled, or else the lowest (first on ties).
+    ``verified``: the windows after ``verify_windows`` (lossless requests), filled on top of; a mask
+    it filled (the token after an accepted run) is no longer a mask.
     """
     slot = windows.slot_index()
-    is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C]
-    tokens, filled = windows.tokens, windows.filled
+    is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
+    start = windows if verified is None else verified
+    tokens, filled = start.tokens, start.filled
     if mask_entropy.numel():
         # Mask k of the flattened [B, C] grid (row-major = window by window, logical order) reads
         # row k of the inputs: a gather, so no host sync.
         source = (is_mask.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(is_mask)  # [B, C]
         entropy = mask_entropy.float()[source]  # [B, C]
         drawn = mask_tokens.long()[source]  # [B, C]
-        first_mask = is_mask.to(torch.int8).argmax(1, keepdim=True)  # [B, 1]
+        fillable = is_mask & ~filled & (slot < start.length[:, None])  # [B, C]
+        first_mask = fillable.to(torch.int8).argmax(1, keepdim=True)  # [B, 1]
         adjusted = entropy + pos_penalty.float()[:, None] * (slot - first_mask).float()
-        adjusted = adjusted.masked_fill(~is_mask, float("inf"))
-        chosen = is_mask & (adjusted < entropy_threshold.float()[:, None])
-        fallback = ~chosen.any(1) & is_mask.any(1)  # [B]
+        adjusted = adjusted.masked_fill(~fillable, float("inf"))
+        chosen = fillable & (adjusted < entropy_threshold.float()[:, None])
+        fallback = ~chosen.any(1) & fillable.any(1)  # [B]
         chosen |= fallback[:, None] & (slot == adjusted.argmin(1, keepdim=True))
         tokens = torch.where(chosen, drawn, tokens)
         filled = filled | chosen
@@ -141,4 +145,63 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
     shifted = shifted.clamp(max=windows.capacity - 1)
     tokens = torch.where(inside, tokens.gather(1, shifted), mask_id)
     filled = inside & filled.gather(1, shifted)
-    return WindowBatch(tokens, filled, windows.length - num_commit)
+    return WindowBatch(tokens, filled, start.length - num_commit)
+
+
+# Lossless windows (``WeDLMParams.lossless``). Invariant: slot 0 of such a window holds the model's
+# own next token (drawn from the AR row of the last committed token), and the rest of its leading
+# run are unverified fills. A forward feeds the leading run first, in logical order, so the row of
+# slot j sees exactly the committed tokens and slots 0..j: an AR row, whose distribution checks the
+# fill at slot j + 1 (``sampling.verify``), and whose draw replaces it if rejected (or, after the
+# run's last slot, is the next token). The committed run is slot 0 and the fills accepted after it;
+# the token that follows it becomes the next window's slot 0. The logits rows a lossless window
+# needs are its leading run's (rows 0..run-1) and its mask rows (its last rows), nothing else.
+
+def verification_rows(windows: WindowBatch, lossless: torch.Tensor) -> torch.Tensor:
+    """[B] int64: AR rows each planned window checks: its leading run when ``lossless`` ([B] bool)."""
+    return torch.where(lossless, leading_filled(windows.filled), 0)
+
+
+def verification_drafts(tokens: torch.Tensor, num_rows: torch.Tensor) -> torch.Tensor:
+    """[R] int64, the draft each verification row checks, R = ``num_rows.sum()``: row j of a window
+    checks slot j + 1 of its leading run; its last row checks nothing (-1) and draws the next
+    token. ``tokens`` [B, C]: the windows' tokens, leading run first (logical or physical order)."""
+    slot = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    following = torch.where(slot + 1 < num_rows[:, None], tokens.roll(-1, dims=1), -1)  # [B, C]
+    return following[slot < num_rows[:, None]]
+
+
+def verify_windows(windows: WindowBatch, num_rows: torch.Tensor, accepted: torch.Tensor, row_tokens: torch.Tensor,
+                   window_size: torch.Tensor | int, mask_id: int) -> tuple[WindowBatch, torch.Tensor]:
+    """Apply the checks of the lossless windows (``num_rows`` [B] > 0, ``verification_rows``) to the
+    planned windows; the windows to fill on and each window's committed run [B].
+
+    ``accepted`` [R] bool / ``row_tokens`` [R] int64: ``sampling.verify``'s answer for each
+    verification row, window by window. A lossless window commits slot 0 and the accepted fills
+    after it, up to the first rejected one; the first rejected fill becomes the row's token, the
+    fills after it become masks again (drawn beside a rejected token), and when the whole run
+    stands, the mask after it takes the last row's token. Other windows commit their leading run.
+    A lossless window keeps ``window_size`` ([B] or one int) slots after its committed run, as a
+    plain one does: after a rejection its tail past them is cut (its masks' draws are not used), so
+    a window never outgrows 2 x ``window_size`` slots.
+    """
+    slot = windows.slot_index()
+    lead = leading_filled(windows.filled)  # [B]
+    checked = slot < num_rows[:, None]  # [B, C]: verification row j exists
+    if accepted.numel():
+        source = (checked.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(checked)  # [B, C]
+        accept = checked & accepted[source]
+        token = row_tokens.long()[source]
+    else:
+        accept = torch.zeros_like(checked)
+        token = torch.zeros_like(windows.tokens)
+    lossless = num_rows > 0  # [B]
+    run = 1 + (accept & (slot + 1 < lead[:, None])).long().cumprod(1).sum(1)  # [B]: slot 0, then the accepted
+    num_commit = torch.where(lossless, run, lead)
+    after = token.gather(1, (run - 1).clamp(max=windows.capacity - 1)[:, None])  # [B, 1], slot run's token
+    length = torch.where(lossless, torch.minimum(windows.length, run + window_size), windows.length)  # [B]
+    placed = lossless[:, None] & (slot == run[:, None]) & (slot < length[:, None])
+    dropped = lossless[:, None] & (slot > run[:, None]) & ((slot < lead[:, None]) | (slot >= length[:, None]))
+    tokens = torch.where(placed, after, torch.where(dropped, mask_id, windows.tokens))
+    filled = (windows.filled | placed) & ~dropped
+    return WindowBatch(tokens, filled, length), num_commit

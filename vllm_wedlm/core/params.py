@@ -23,6 +23,11 @@ class WeDLMParams:
     """lambda: adjusted entropy = entropy + lambda * (slot index - index of the first mask).
     Larger values decode more left to right."""
 
+    lossless: bool = False
+    """Verify every fill against the model's next-token (AR) prediction before committing it
+    (``core.lossless``): the output is exactly what ``--decoding ar`` gives on the same weights,
+    greedy token for token, sampled in distribution."""
+
     def __post_init__(self):
         tau = self.entropy_threshold
         if tau is not None and (not isinstance(tau, (int, float)) or isinstance(tau, bool) or not tau > 0
@@ -31,6 +36,8 @@ class WeDLMParams:
         lam = self.pos_penalty
         if not isinstance(lam, (int, float)) or isinstance(lam, bool) or not (lam >= 0 and math.isfinite(lam)):
             raise ValueError(f"pos_penalty must be a finite number >= 0, got {lam!r}")
+        if not isinstance(self.lossless, bool):
+            raise ValueError(f"lossless must be true or false, got {self.lossless!r}")
 
 
 DEFAULT_PARAMS = WeDLMParams()

@@ -70,6 +70,43 @@ class SamplingBatch:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> torch.Tensor:
     """[N, V] logits -> [N] int64 tokens, one batched computation (a loop only over seeded requests)."""
+    greedy, probs = _distribution(logits, batch, mask_id)
+    if probs is None:
+        return greedy
+    return torch.where(batch.temperature > 0, _race(probs, batch), greedy)
+
+
+def verify(logits: torch.Tensor, drafts: torch.Tensor, batch: SamplingBatch,
+           mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check one draft token per row against the row's own distribution p (``sample``'s, after
+    temperature, top-k and top-p): speculative sampling with the draft as a fixed proposal.
+
+    ``logits`` [R, V]; ``drafts`` [R] int64, -1 where a row has no draft. Returns ``accepted``
+    [R] bool and ``tokens`` [R] int64, the row's token in place of a rejected draft (or its draw
+    when it has none). A draft x is accepted with probability p(x); otherwise the row draws from p
+    without x, renormalised. So whatever the draft and however it was chosen, the row's outcome
+    is distributed as p: P(x) = p(x), and P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y) for y != x.
+    A greedy row (p all on its argmax) accepts x exactly when x is the argmax, else gives it.
+    """
+    greedy, probs = _distribution(logits, batch, mask_id)
+    has_draft = drafts >= 0
+    greedy_accepted = has_draft & (greedy == drafts)
+    if probs is None:
+        return greedy_accepted, greedy
+    draft = drafts.clamp(min=0)[:, None]  # [R, 1]
+    p_draft = probs.gather(1, draft)[:, 0]  # [R]
+    uniform = torch.rand_like(p_draft)  # [R]
+    for start, count, generator in batch.generators:
+        uniform[start:start + count] = torch.rand(count, generator=generator, device=uniform.device)
+    residual = probs.scatter(1, draft, torch.where(has_draft, 0.0, p_draft)[:, None])  # [R, V], p without x
+    sampled = batch.temperature > 0
+    accepted = torch.where(sampled, has_draft & (uniform < p_draft), greedy_accepted)
+    return accepted, torch.where(sampled, _race(residual, batch), greedy)
+
+
+def _distribution(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's argmax [N] and, unless every row is greedy, its distribution [N, V] float32 after
+    top-k, top-p and temperature (rows of temperature 0 get temperature 1: their argmax is used)."""
     logits = logits.float().clone()
     if batch.ban_mask_token is None:
         logits[:, mask_id] = float("-inf")
@@ -77,7 +114,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> torch.Te
         logits[:, mask_id] = logits[:, mask_id].masked_fill(batch.ban_mask_token, float("-inf"))
     greedy = torch.argmax(logits, dim=-1)
     if batch.temperature is None or not logits.shape[0]:
-        return greedy
+        return greedy, None
     vocab = logits.shape[-1]
     if batch.top_k is not None:
         k = torch.where((batch.top_k > 0) & (batch.top_k < vocab), batch.top_k, vocab)  # [N]
@@ -86,12 +123,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> torch.Te
     if batch.top_p is not None:
         logits = logits.masked_fill(_top_p_drop(logits, batch.top_p), float("-inf"))
     temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)[:, None]  # [N, 1]
-    probs = torch.softmax(logits / temperature, dim=-1)
+    return greedy, torch.softmax(logits / temperature, dim=-1)
+
+
+def _race(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """[N] one draw per row of ``probs`` [N, V] (unnormalised is fine): the exponential race."""
     race = torch.empty_like(probs).exponential_()  # [N, V]
     for start, count, generator in batch.generators:
         race[start:start + count].exponential_(generator=generator)
-    drawn = (probs / race).argmax(dim=-1)
-    return torch.where(batch.temperature > 0, drawn, greedy)
+    return (probs / race).argmax(dim=-1)
 
 
 def _top_p_drop(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

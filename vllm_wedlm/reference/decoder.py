@@ -3,7 +3,7 @@
 Slow and simple on purpose. Each step feeds ``prompt + committed + window`` (window in physical
 order) with logical RoPE positions and plain causal attention, which is exactly what the paged-KV
 engine computes, and runs the same ``core`` functions as the engine (``core.batch`` and
-``core.sampling``, here on a batch of one window). Users can run it on any WeDLM
+``core.sampling``, here on a batch of one window), lossless mode included. Users can run it on any WeDLM
 checkpoint to check what the engine produces:
 
     from vllm_wedlm.models.transformers_body import load_transformers_model
@@ -13,11 +13,18 @@ checkpoint to check what the engine produces:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from vllm_wedlm.core.batch import WindowBatch, finish_windows, plan_windows
+from vllm_wedlm.core.batch import (
+    WindowBatch,
+    finish_windows,
+    plan_windows,
+    verification_drafts,
+    verification_rows,
+    verify_windows,
+)
 from vllm_wedlm.core.params import (
     DEFAULT_PARAMS,
     DEFAULT_WINDOW_SIZE,
@@ -25,7 +32,7 @@ from vllm_wedlm.core.params import (
     selection_tensors,
     validate_window_size,
 )
-from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample
+from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, verify
 from vllm_wedlm.core.selection import row_entropy
 
 
@@ -74,25 +81,48 @@ class ReferenceDecoder:
             raise ValueError(f"a prompt of {prompt_len} tokens leaves no room below max_model_len {stop.max_model_len}")
         sequence = list(prompt_ids)  # prompt + committed
         windows = WindowBatch.empty(1, 2 * self.window_size, self.mask_token_id)
+        if params.lossless:
+            # The window starts with the model's own next token, drawn from the prompt's last row
+            # (the engine's prefill forward, not counted below).
+            prompt_logits = self._forward(sequence[:-1], torch.tensor(sequence[-1:]), torch.tensor([prompt_len - 1]))
+            first = sample(prompt_logits, self._sampling([sampling], [1], ar_rows=1), self.mask_token_id)
+            windows.tokens[0, 0], windows.filled[0, 0] = first[0].cpu(), True
         tau, lam = selection_tensors([params])
         limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
         num_forwards = 0
         while True:
             plan = plan_windows(windows, self.window_size, torch.tensor([len(sequence)]), limit)
-            n, num_commit, num_masks = (int(x) for x in (plan.windows.length[0], plan.num_commit[0], plan.num_masks[0]))
+            n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
+            num_rows = verification_rows(plan.windows, torch.tensor([params.lossless]))  # [1]
+            checks = int(num_rows[0])
             logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
             num_forwards += 1
-            for token in plan.windows.tokens[0, :num_commit].tolist():  # vLLM's check_stop per token
+            # The step's logits rows, as the engine takes them: verification rows, then mask rows.
+            rows = torch.cat([logits[:checks], logits[n - num_masks:]])  # [checks + num_masks, V]
+            batch = self._sampling([sampling], [checks + num_masks], ar_rows=checks)
+            tokens = sample(rows, batch, self.mask_token_id).cpu()
+            verified, num_commit = plan.windows, plan.num_commit
+            if checks:
+                drafts = verification_drafts(plan.windows.tokens, num_rows)
+                accepted, row_tokens = verify(rows[:checks], drafts.to(rows.device),
+                                              self._sampling([sampling], [checks], ar_rows=checks), self.mask_token_id)
+                verified, num_commit = verify_windows(plan.windows, num_rows, accepted.cpu(), row_tokens.cpu(),
+                                                      self.window_size, self.mask_token_id)
+            for token in plan.windows.tokens[0, : int(num_commit[0])].tolist():  # vLLM's check_stop per token
                 sequence.append(token)
                 if token in stop.stop_token_ids:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "stop")
                 if len(sequence) - prompt_len >= stop.max_tokens or len(sequence) == stop.max_model_len:
                     return ReferenceOutput(sequence[prompt_len:], num_forwards, "length")
-            mask_logits = logits[n - num_masks:]  # [num_masks, V], own rows, no shift
-            tokens = sample(mask_logits, SamplingBatch.of([sampling], [num_masks], mask_logits.device),
-                            self.mask_token_id)
-            windows = finish_windows(plan.windows, plan.num_commit, row_entropy(mask_logits).cpu(), tokens.cpu(),
-                                     tau, lam, self.mask_token_id)
+            mask_logits = rows[checks:]  # [num_masks, V], own rows, no shift
+            windows = finish_windows(plan.windows, num_commit, row_entropy(mask_logits).cpu(), tokens[checks:],
+                                     tau, lam, self.mask_token_id, verified)
+
+    def _sampling(self, specs: list[SamplingSpec], rows: list[int], ar_rows: int) -> SamplingBatch:
+        """The rows' sampling settings, the first ``ar_rows`` being next-token rows (the mask token
+        is not banned there, as in ``--decoding ar``)."""
+        batch = SamplingBatch.of(specs, rows, self.device)
+        return replace(batch, ban_mask_token=batch.ban_mask_token & (torch.arange(sum(rows), device=self.device) >= ar_rows))
 
     def _forward(self, sequence: list[int], window_ids: torch.Tensor, window_positions: torch.Tensor):
         """Logits [n, V] of the window rows after the full causal forward of sequence + window."""
