@@ -4,9 +4,11 @@
 * ``ngram`` or ``ngram:K``: AR plus vLLM's n-gram (prompt lookup) speculative decoding with K
   proposed tokens (default 4): the speed-up a user can switch on without extra weights;
 * ``wedlm`` or ``wedlm:TAU``: WeDLM decoding at entropy threshold TAU (default the server's);
-  ``wedlm:inf`` fills every mask each step (whole windows commit: the engine's ceiling).
+  ``wedlm:inf`` fills every mask each step (whole windows commit: the engine's ceiling);
+* ``lossless`` or ``lossless:TAU``: WeDLM with every fill verified against the AR prediction
+  (``wedlm_lossless``): AR's output, drafted at threshold TAU (``lossless:inf`` drafts every mask).
 
-All WeDLM modes share one engine (the threshold is a per-request knob); AR and each n-gram
+All WeDLM and lossless modes share one engine (both are per-request knobs); AR and each n-gram
 setting need their own.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
+from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
 
 DEFAULT_NGRAM_TOKENS = 4
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
@@ -27,6 +29,7 @@ class Mode:
     decoding: str  # "ar" or "wedlm"
     ngram_tokens: int = 0  # speculative tokens of the n-gram proposer, 0 = off
     entropy_threshold: float | None = None  # WeDLM's tau for this mode's requests, None = server default
+    lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
 
     @property
     def engine(self) -> str:
@@ -45,9 +48,10 @@ class Mode:
                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
     def extra_args(self) -> dict | None:
-        if self.entropy_threshold is None:
-            return None
-        return {REQUEST_ENTROPY_THRESHOLD: self.entropy_threshold}
+        args = {} if self.entropy_threshold is None else {REQUEST_ENTROPY_THRESHOLD: self.entropy_threshold}
+        if self.lossless:
+            args[REQUEST_LOSSLESS] = True
+        return args or None
 
 
 def parse_mode(text: str) -> Mode:
@@ -59,14 +63,15 @@ def parse_mode(text: str) -> Mode:
         if tokens < 1:
             raise ValueError(f"ngram needs at least one speculative token: {text!r}")
         return Mode(f"ngram:{tokens}", "ar", ngram_tokens=tokens)
-    if kind == "wedlm":
+    if kind in ("wedlm", "lossless"):
+        lossless = kind == "lossless"
         if not arg:
-            return Mode("wedlm", "wedlm")
+            return Mode(kind, "wedlm", lossless=lossless)
         tau = FILL_ALL if arg == "inf" else float(arg)
         if not math.isfinite(tau) or tau < 0:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
-        return Mode(f"wedlm:{arg}", "wedlm", entropy_threshold=tau)
-    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU] or wedlm:inf")
+        return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
+    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU], wedlm:inf or lossless[:TAU]")
 
 
 def parse_modes(text: str) -> list[Mode]:

@@ -43,6 +43,8 @@ def check_counts(rows: list[dict], batch_key: str) -> None:
             assert row["tokens_per_forward"] == 1.0 and row["speedup_vs_ar"] == 1.0
         elif row["mode"] == "wedlm:inf":
             assert row["tokens_per_forward"] == pytest.approx(FILL_ALL_TPF)
+        elif row["mode"].startswith("lossless"):
+            assert row["tokens_per_forward"] >= 1.0  # every window forward commits its verified slot 0
         else:
             # n-gram: one token per forward plus accepted drafts. WeDLM at 0.4: every forward fills
             # at least one slot, and every filled slot is committed except those still in the
@@ -56,7 +58,7 @@ def check_counts(rows: list[dict], batch_key: str) -> None:
 def test_offline_online_step_cost_and_report(model, tmp_path):
     common = ["--model", str(model), "--kinds", "counting,arithmetic", "--requests", "2",
               "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--window-size", str(W), "--max-model-len", "512"]
-    offline = bench("offline", *common, "--modes", "ar,ngram,wedlm:0.4,wedlm:inf", "--batch-sizes", "1,2",
+    offline = bench("offline", *common, "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf", "--batch-sizes", "1,2",
                     "--json", str(tmp_path / "offline.json"))
     assert len(offline["rows"]) == 4 * 2 * 2
     check_counts(offline["rows"], "batch_size")

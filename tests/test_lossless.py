@@ -75,7 +75,8 @@ def runs(request, checkpoints):
         runs["ar"] = token_ids(ar.generate(PROMPTS, greedy(), use_tqdm=False))
         runs["ar_eos"] = ar.generate(PROMPTS, greedy(ignore_eos=False), use_tqdm=False)
     config = {"decoding": "wedlm", "window_size": window}
-    with running_llm(path, dtype="float32", additional_config=config, enable_prefix_caching=True) as llm:
+    with running_llm(path, dtype="float32", additional_config=config, enable_prefix_caching=True,
+                     block_size=16) as llm:
         for tau in TAUS:
             start = request_forwards(llm)
             runs[tau] = token_ids(llm.generate(PROMPTS, lossless(tau), use_tqdm=False))
@@ -235,7 +236,7 @@ def test_sampled_lossless_tokens_follow_the_ar_distribution():
     big = [seq for seq, p in expected.items() if p * SAMPLED_REQUESTS >= 5]
     observed = [counts[seq] for seq in big] + [SAMPLED_REQUESTS - sum(counts[seq] for seq in big)]
     probs = [expected[seq] for seq in big] + [1 - sum(expected[seq] for seq in big)]
-    assert len(big) >= 10
+    assert len(big) >= 5
     assert math.isclose(sum(probs), 1.0)
     assert chi_square_p_value(observed, [p * SAMPLED_REQUESTS for p in probs]) > MIN_P_VALUE
     # Fills were accepted: fewer windows than tokens after the first (each request's first token

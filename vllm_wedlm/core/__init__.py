@@ -3,7 +3,12 @@
 Never imports vLLM: the reference decoder and the vLLM adapter both drive these functions, so
 the algorithm is written once. They run ``batch`` (every window of a step as one tensor
 computation: refill, reorder, select, fill, commit), ``selection.row_entropy`` and
-``sampling.sample`` (all logits rows of a step at once).
+``sampling.sample`` (all logits rows of a step at once). Lossless requests add a check of their
+fills against the AR rows of the same forward (``sampling.verify``, ``batch.verify_windows``):
+
+    rows = verification_rows(plan.windows, lossless)                       # leading runs
+    accepted, tokens = verify(ar_logits, verification_drafts(plan.windows.tokens, rows), sampling)
+    windows, num_commit = verify_windows(plan.windows, rows, accepted, tokens, window_size, mask_id)
 
 ``step`` and ``window`` state the same step for one request, in order, readably (the tests check
 that ``batch`` computes exactly this, window by window):
