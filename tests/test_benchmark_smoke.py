@@ -60,9 +60,13 @@ def test_offline_online_step_cost_and_report(model, tmp_path):
               "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--window-size", str(W), "--max-model-len", "512"]
     offline = bench("offline", *common, "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf", "--batch-sizes", "1,2",
                     "--json", str(tmp_path / "offline.json"))
-    assert len(offline["rows"]) == 4 * 2 * 2
+    assert len(offline["rows"]) == 5 * 2 * 2
     check_counts(offline["rows"], "batch_size")
     assert {r["accuracy"] is not None for r in offline["rows"]} == {True}  # both kinds are scored
+    ar = {(r["kind"], r["batch_size"]): r["accuracy"] for r in offline["rows"] if r["mode"] == "ar"}
+    for row in offline["rows"]:
+        if row["mode"] == "lossless:inf":  # AR's output, so AR's accuracy
+            assert row["accuracy"] == ar[row["kind"], row["batch_size"]]
 
     online = bench("online", *common, "--modes", "ar,wedlm:inf", "--concurrency", "1,2",
                    "--json", str(tmp_path / "online.json"))

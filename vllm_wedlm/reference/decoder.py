@@ -122,7 +122,8 @@ class ReferenceDecoder:
         """The rows' sampling settings, the first ``ar_rows`` being next-token rows (the mask token
         is not banned there, as in ``--decoding ar``)."""
         batch = SamplingBatch.of(specs, rows, self.device)
-        return replace(batch, ban_mask_token=batch.ban_mask_token & (torch.arange(sum(rows), device=self.device) >= ar_rows))
+        mask_rows = torch.arange(sum(rows), device=self.device) >= ar_rows
+        return replace(batch, ban_mask_token=batch.ban_mask_token & mask_rows)
 
     def _forward(self, sequence: list[int], window_ids: torch.Tensor, window_positions: torch.Tensor):
         """Logits [n, V] of the window rows after the full causal forward of sequence + window."""
