@@ -81,7 +81,11 @@ class StepRows:
     committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
     num_logits: np.ndarray  # int64: logits rows: num_checks first rows, then the request's last ones
     num_checks: np.ndarray  # int64: a lossless window's verification rows (its leading run, first rows)
-    num_ar_rows: np.ndarray  # int64: next-token rows among the logits rows (the first ones)
+
+    @property
+    def num_ar_rows(self) -> np.ndarray:
+        """[B] int64: next-token rows among each request's logits rows (the first ones)."""
+        return self.num_checks + (self.ar_decode | self.first_token)
 
 
 # What a logits row of a step is for.
@@ -200,8 +204,7 @@ class WeDLMRunnerMixin:
         self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
 
         self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, ar_decode, completes_prefill,
-                                    lossless, first_token, computed + n, num_logits, num_checks,
-                                    num_checks + (ar_decode | first_token))
+                                    lossless, first_token, computed + n, num_logits, num_checks)
         k = _ragged_arange(num_logits)  # [N] row index inside each request's logits
         first_rows = np.repeat(starts, num_logits) + k
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
@@ -251,7 +254,7 @@ class WeDLMRunnerMixin:
         resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
         ar_next = step.ar_decode | (step.first_token & autoregressive)
         plan_slots = np.concatenate([w_slots, step.slots[new]])  # [P]
-        num_rows = len(step.num_logits) and int(step.num_logits.sum())
+        num_rows = int(step.num_logits.sum())
         row_kind = self._row_kinds(step)
 
         device_out = []
@@ -268,7 +271,7 @@ class WeDLMRunnerMixin:
                 planned = table.windows.rows(ws)
                 verified, commit = None, leading_filled(planned.filled)
                 if verified_commit:
-                    verified, commit = self._verify(planned, logits, row_kind, w_checks, step)
+                    verified, commit = self._verify(planned, logits, row_kind, w_slots, w_checks, step)
                     device_out.append(commit)
                 mask_rows = row_kind == _MASK_ROW
                 mask_logits = self._rows(logits, mask_rows)
@@ -339,17 +342,15 @@ class WeDLMRunnerMixin:
             return values
         return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
 
-    def _verify(self, planned: WindowBatch, logits: torch.Tensor, row_kind: np.ndarray, w_checks: np.ndarray,
-                step: StepRows) -> tuple[WindowBatch, torch.Tensor]:
+    def _verify(self, planned: WindowBatch, logits: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
+                w_checks: np.ndarray, step: StepRows) -> tuple[WindowBatch, torch.Tensor]:
         """Check the lossless windows' fills against their AR rows (``core.batch.verify_windows``);
         the windows to fill on and the committed run of every window of the step ([Bw], device)."""
-        w_slots = step.slots[step.window]
         check_logits = self._rows(logits, row_kind == _CHECK_ROW)
         drafts = verification_drafts(torch.from_numpy(self.wedlm_table.host.input_ids[w_slots]),
                                      torch.from_numpy(w_checks))  # [R], on the host: no device sync
-        counts = np.where(step.window, step.num_checks, 0)
         accepted, row_tokens = verify(check_logits, drafts.to(self.device, non_blocking=True),
-                                      self._sampling_batch(counts, counts), self.wedlm_mask_id)
+                                      self._sampling_batch(step.num_checks, step.num_checks), self.wedlm_mask_id)
         return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
                               row_tokens, self.wedlm.window_size, self.wedlm_mask_id)
 

@@ -75,6 +75,13 @@ class BatchPlan:
         return self.windows.tokens.gather(1, self.order)
 
 
+def _row_of_cell(cells: torch.Tensor) -> torch.Tensor:
+    """[B, C] bool -> [B, C] int64: for each True cell, its index among the True cells in row-major
+    order (window by window, slot by slot), i.e. which row of a flat per-cell input it reads; 0
+    elsewhere. A gather through it needs no host sync."""
+    return (cells.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(cells)
+
+
 def leading_filled(filled: torch.Tensor) -> torch.Tensor:
     """[B, C] bool -> [B] int64: each window's run of filled slots at the front, the tokens its next
     forward commits (filled is False past a window's length, so the run stops there)."""
@@ -125,9 +132,7 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
     start = windows if verified is None else verified
     tokens, filled = start.tokens, start.filled
     if mask_entropy.numel():
-        # Mask k of the flattened [B, C] grid (row-major = window by window, logical order) reads
-        # row k of the inputs: a gather, so no host sync.
-        source = (is_mask.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(is_mask)  # [B, C]
+        source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
         entropy = mask_entropy.float()[source]  # [B, C]
         drawn = mask_tokens.long()[source]  # [B, C]
         fillable = is_mask & ~filled & (slot < start.length[:, None])  # [B, C]
@@ -189,7 +194,7 @@ def verify_windows(windows: WindowBatch, num_rows: torch.Tensor, accepted: torch
     lead = leading_filled(windows.filled)  # [B]
     checked = slot < num_rows[:, None]  # [B, C]: verification row j exists
     if accepted.numel():
-        source = (checked.flatten().long().cumsum(0) - 1).clamp(min=0).view_as(checked)  # [B, C]
+        source = _row_of_cell(checked)  # [B, C]
         accept = checked & accepted[source]
         token = row_tokens.long()[source]
     else:

@@ -25,8 +25,8 @@ class WeDLMParams:
 
     lossless: bool = False
     """Verify every fill against the model's next-token (AR) prediction before committing it
-    (``core.lossless``): the output is exactly what ``--decoding ar`` gives on the same weights,
-    greedy token for token, sampled in distribution."""
+    (``sampling.verify``, ``batch.verify_windows``): the output is exactly what ``--decoding ar``
+    gives on the same weights, greedy token for token, sampled in distribution."""
 
     def __post_init__(self):
         tau = self.entropy_threshold
