@@ -26,6 +26,11 @@ def running_llm(model: Path, **overrides) -> Iterator:
         gc.collect()
 
 
+def kv_bytes_per_token(config) -> int:
+    """KV cache bytes one token takes in a float32 engine of ``config`` (a WeDLMConfig): K and V."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+
+
 def vllm_prompt_logprobs(llm, prompt: str) -> tuple[list[int], torch.Tensor]:
     """Prompt token ids and vLLM's full-vocabulary log-probs of each next token, [len-1, vocab]."""
     from vllm import SamplingParams

@@ -10,7 +10,6 @@ distribution of the first tokens against the probabilities transformers computes
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 
@@ -19,7 +18,7 @@ import torch
 
 from chi_square import chi_square_p_value
 from conftest import build_checkpoint
-from engines import running_llm
+from engines import kv_bytes_per_token, running_llm
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
@@ -159,8 +158,7 @@ def test_stop_strings_and_preemption_keep_lossless_equal_to_ar(checkpoints):
     requests, with a token budget that chunks the long prompt: vLLM preempts and re-prefills, and
     every answer is still the AR engine's, stop strings included. A request may opt out."""
     path = checkpoints["qwen3-sharp"]
-    config = json.loads((path / "config.json").read_text())
-    bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
+    bytes_per_token = kv_bytes_per_token(WeDLMConfig.from_pretrained(path))
     max_model_len = 160
     prompts = [f"{i}, {i + 1}, {i + 2}, Ada has {i} apples" for i in range(7)]
     prompts.append(", ".join(str(i) for i in range(1, 70)))  # longer than the token budget

@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import VARIANTS, build_checkpoint
+from engines import kv_bytes_per_token
 from servers import model_name, post, running_server, sse_events
-from test_window_invariance import BLOCK, CHUNK, KV_BLOCKS, LOGIT_SCALE, MAX_MODEL_LEN, PROMPTS, kv_bytes_per_token
+from test_window_invariance import BLOCK, CHUNK, KV_BLOCKS, LOGIT_SCALE, MAX_MODEL_LEN, PROMPTS
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import build_checkpoint
-from engines import running_llm
+from engines import kv_bytes_per_token, running_llm
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
@@ -113,9 +113,7 @@ def test_preemption_and_chunked_prefill_change_nothing(sharp):
     token budget of 128 also splits the long prompt into chunked prefills (which commit nothing).
     test_window_invariance.py does the same with many requests and partial fills."""
     path, reference = sharp
-    config = json.loads((path / "config.json").read_text())
-    head_dim = config["head_dim"]
-    bytes_per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    bytes_per_token = kv_bytes_per_token(WeDLMConfig.from_pretrained(path))
     prompts = [f"{i}, {i + 1}, {i + 2}, Ada has {i} apples" for i in range(7)]
     prompts.append(", ".join(str(i) for i in range(1, 70)))  # longer than the token budget
     with running_llm(path, dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,

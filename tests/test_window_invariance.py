@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import VARIANTS, build_checkpoint
-from engines import running_llm
+from engines import kv_bytes_per_token, running_llm
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
@@ -40,10 +40,6 @@ WORDS = ["Ada", "river", "lamp", "number", "quiet", "reads", "holds", "apples"]
 #: included) run in chunks.
 PROMPTS = ([f"{i}, {i + 1}, {WORDS[i % 8]} {WORDS[(i * 3) % 8]} has {i} {WORDS[(i * 5 + 1) % 8]}" for i in range(60)]
            + [", ".join(str(n) for n in range(i * 7, i * 7 + 140)) for i in range(4)])
-
-
-def kv_bytes_per_token(config: WeDLMConfig) -> int:
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # K and V, float32
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
