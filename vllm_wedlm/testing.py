@@ -16,6 +16,13 @@ from typing import Any
 #: fails on a small shared machine; tiny models need a few MiB.
 CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
 
+#: Set to 1 where several processes share one GPU (scripts/gpu_suite.py runs the tests in parallel):
+#: engines then get the same fixed KV cache as on the CPU instead of a share of the GPU's memory.
+#: That also skips vLLM's start-up memory profiling, which assumes that no other process allocates
+#: or frees GPU memory meanwhile; the small utilization left only sets how much free memory vLLM
+#: checks for at start-up.
+SHARED_GPU_ENV = "VLLM_WEDLM_SHARED_GPU"
+
 
 def on_gpu() -> bool:
     """Whether vLLM will run on a CUDA GPU, asked without initialising CUDA.
@@ -33,14 +40,15 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
 
     On the CPU: eager mode (vLLM's CPU torch.compile spends minutes in the C++ compiler on two
     cores) and a fixed KV budget. On a GPU: vLLM's defaults, CUDA graphs included, with a
-    modest memory share so that a reference model can sit beside the engine.
+    modest memory share so that a reference model can sit beside the engine (or, with
+    ``VLLM_WEDLM_SHARED_GPU=1``, the CPU's fixed KV budget, so that several processes share it).
     """
     # The caller has usually done torch work already (made a checkpoint, ran a reference model),
     # which starts torch's CPU thread pools; a forked engine process can deadlock in them.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     kwargs: dict[str, Any] = {"max_model_len": 512, "seed": 0}
     if on_gpu():
-        kwargs.update(gpu_memory_utilization=0.3)
+        kwargs.update(_gpu_memory())
         if overrides.get("dtype") == "float32":
             # vLLM's default float32 attention on CUDA (TRITON_ATTN) multiplies in TF32 (Triton's
             # tl.dot default), 1e-3 off in log-probs; FlexAttention follows torch's float32
@@ -55,5 +63,12 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
 def serve_args() -> list[str]:
     """The same settings as ``vllm serve`` flags."""
     if on_gpu():
-        return ["--max-model-len", "512", "--gpu-memory-utilization", "0.3"]
+        return ["--max-model-len", "512", *(f"--{key.replace('_', '-')}={value}"
+                                            for key, value in _gpu_memory().items())]
     return ["--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+
+
+def _gpu_memory() -> dict[str, Any]:
+    if os.environ.get(SHARED_GPU_ENV) == "1":
+        return {"gpu_memory_utilization": 0.04, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return {"gpu_memory_utilization": 0.3}

@@ -1,0 +1,123 @@
+"""Run the whole test suite on one CUDA GPU in parallel pytest processes that share it.
+
+    python scripts/gpu_suite.py [--jobs 6] [--stop-after 480] [--state /tmp/gpu-suite.json] [--logs DIR]
+
+The suite is the same one `scripts/test.sh` runs on a CPU, unchanged. It is cut into units (a test
+file, or for the longest files a -k slice of one), and `--jobs` pytest processes take units from a
+queue, longest first. Units share the GPU through a fixed KV cache per engine
+(VLLM_WEDLM_SHARED_GPU=1, see vllm_wedlm.testing), because vLLM's start-up memory profiling assumes
+nobody else allocates on the GPU meanwhile.
+
+The GPU machine runs one command for at most ten minutes, so the run can be cut into several
+commands: no unit starts after `--stop-after` seconds, the units done are recorded in `--state`,
+and the next invocation runs the rest. Exit status 0 once every unit has passed, 1 if any failed,
+3 while units remain. Each unit's pytest output goes to `--logs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures.thread import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The files that take longest, each cut into slices that each start their own engines, with a rough
+# relative cost (the queue starts the costliest first); every other file is one unit of cost 1.
+SLICES = {
+    "test_lossless.py": [("micro or sampled", 6), ("qwen2 or preemption", 7), ("qwen3 and not preemption", 5)],
+    "test_wedlm_parity.py": [("qwen3 and scale30", 5), ("qwen2", 5), ("scale8", 2)],
+    "test_serve_wedlm.py": [("not metrics and not bench", 5), ("metrics or bench", 4)],
+    "test_window_invariance.py": [("qwen2", 4), ("qwen3", 4)],
+}
+COSTS = {"test_micro_model.py": 4, "test_demo.py": 3, "test_serve_window_invariance.py": 4, "test_smollm2.py": 3,
+         "test_wedlm_engine.py": 3, "test_per_request_ar.py": 3, "test_serve_ar.py": 3, "test_benchmark_smoke.py": 3,
+         "test_training.py": 2, "test_engine_parity.py": 2, "test_stat_loggers.py": 2, "test_batch_step.py": 2}
+
+
+def units() -> list[tuple[str, list[str], float]]:
+    """(name, pytest arguments, cost) of every unit, costliest first."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        if path.name in SLICES:
+            found += [(f"{path.name}[-k {k}]", [f"tests/{path.name}", "-k", k], cost) for k, cost in SLICES[path.name]]
+        else:
+            found.append((path.name, [f"tests/{path.name}"], COSTS.get(path.name, 1)))
+    return sorted(found, key=lambda unit: -unit[2])
+
+
+def check_slices() -> None:
+    """Every test of a sliced file is in exactly one of its slices (pytest --collect-only)."""
+    for name, slices in SLICES.items():
+        whole = _collect([f"tests/{name}"])
+        parts = [test for k, _ in slices for test in _collect([f"tests/{name}", "-k", k])]
+        if sorted(parts) != sorted(whole):
+            raise SystemExit(f"the -k slices of {name} do not cover its {len(whole)} tests exactly once")
+
+
+def _collect(args: list[str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                         cwd=ROOT, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def run_unit(name: str, args: list[str], logs: Path, deadline: float) -> dict:
+    log = logs / (name.replace("/", "_").replace(" ", "_") + ".log")
+    env = {**os.environ, "VLLM_WEDLM_SHARED_GPU": "1"}
+    began = time.time()
+    with log.open("w") as out:
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, timeout=max(1, deadline - time.time())
+                                ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    lines = log.read_text(errors="replace").splitlines()
+    summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line
+                                                                          or "error" in line)), "")
+    return {"rc": rc, "seconds": round(time.time() - began), "summary": summary.strip("= ")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=6)
+    parser.add_argument("--stop-after", type=float, default=480, help="start no unit after this many seconds")
+    parser.add_argument("--limit", type=float, default=585, help="kill units still running after this many seconds")
+    parser.add_argument("--state", type=Path, default=Path("/tmp/gpu-suite.json"))
+    parser.add_argument("--logs", type=Path, default=Path("/tmp/gpu-suite-logs"))
+    args = parser.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
+    check_slices()
+    state = json.loads(args.state.read_text()) if args.state.is_file() else {}
+    start = time.time()
+    todo = [unit for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
+    running = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        while todo or running:
+            while todo and len(running) < args.jobs and time.time() - start < args.stop_after:
+                name, pytest_args, _ = todo.pop(0)
+                running[pool.submit(run_unit, name, pytest_args, args.logs, start + args.limit)] = name
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                name = running.pop(future)
+                state[name] = future.result()
+                args.state.write_text(json.dumps(state, indent=1))
+                print(f"{time.time() - start:5.0f}s  {name:55} rc={state[name]['rc']}  {state[name]['seconds']}s  "
+                      f"{state[name]['summary']}", flush=True)
+    remaining = [unit[0] for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
+    failed = [name for name, result in state.items() if result["rc"] not in (0, "timeout")]
+    print(f"done {len(state) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "
+          f"remaining: {remaining or 'none'}")
+    return 1 if failed else 3 if remaining else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
