@@ -54,10 +54,14 @@ def units() -> list[tuple[str, list[str], float]]:
 
 def check_slices() -> None:
     """Every test of a sliced file is in exactly one of its slices (pytest --collect-only)."""
+    queries = [[f"tests/{name}", *(["-k", k] if k else [])] for name, slices in SLICES.items()
+               for k in [None, *(k for k, _ in slices)]]
+    with ThreadPoolExecutor(8) as pool:
+        collected = dict(zip(map(tuple, queries), pool.map(_collect, queries), strict=True))
     for name, slices in SLICES.items():
-        whole = _collect([f"tests/{name}"])
-        parts = [test for k, _ in slices for test in _collect([f"tests/{name}", "-k", k])]
-        if sorted(parts) != sorted(whole):
+        whole = collected[(f"tests/{name}",)]
+        parts = [test for k, _ in slices for test in collected[(f"tests/{name}", "-k", k)]]
+        if sorted(parts) != sorted(whole) or not whole:
             raise SystemExit(f"the -k slices of {name} do not cover its {len(whole)} tests exactly once")
 
 
