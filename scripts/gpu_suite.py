@@ -122,7 +122,7 @@ def main() -> int:
                       f"{state[name]['summary']}", flush=True)
     remaining = [unit[0] for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
     failed = [name for name, result in state.items() if result["rc"] not in (0, "timeout")]
-    print(f"done {len(state) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "
+    print(f"done {len(units()) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "
           f"remaining: {remaining or 'none'}")
     return 1 if failed else 3 if remaining else 0
 
