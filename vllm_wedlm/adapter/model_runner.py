@@ -37,7 +37,7 @@ from vllm_wedlm.core.batch import (
     verify_windows,
 )
 from vllm_wedlm.core.params import WeDLMParams
-from vllm_wedlm.core.sampling import SamplingBatch, sample, verify
+from vllm_wedlm.core.sampling import SamplingBatch, accept_drafts, sample
 from vllm_wedlm.core.selection import row_entropy
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ class WeDLMRunnerMixin:
                 planned = table.windows.rows(ws)
                 verified, commit = None, leading_filled(planned.filled)
                 if verified_commit:
-                    verified, commit = self._verify(planned, logits, row_kind, w_slots, w_checks, step)
+                    verified, commit = self._verify(planned, tokens, row_kind, w_slots, w_checks)
                     device_out.append(commit)
                 mask_rows = row_kind == _MASK_ROW
                 mask_logits = self._rows(logits, mask_rows)
@@ -342,17 +342,17 @@ class WeDLMRunnerMixin:
             return values
         return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
 
-    def _verify(self, planned: WindowBatch, logits: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
-                w_checks: np.ndarray, step: StepRows) -> tuple[WindowBatch, torch.Tensor]:
-        """Check the lossless windows' fills against their AR rows (``core.batch.verify_windows``);
-        the windows to fill on and the committed run of every window of the step ([Bw], device)."""
-        check_logits = self._rows(logits, row_kind == _CHECK_ROW)
+    def _verify(self, planned: WindowBatch, tokens: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
+                w_checks: np.ndarray) -> tuple[WindowBatch, torch.Tensor]:
+        """Check the lossless windows' fills against their AR rows' draws (``core.sampling.verify``,
+        ``core.batch.verify_windows``); the windows to fill on and the committed run of every window
+        of the step ([Bw], device)."""
+        check_tokens = self._rows(tokens, row_kind == _CHECK_ROW)  # [R]: the AR rows' own draws
         drafts = verification_drafts(torch.from_numpy(self.wedlm_table.host.input_ids[w_slots]),
                                      torch.from_numpy(w_checks))  # [R], on the host: no device sync
-        accepted, row_tokens = verify(check_logits, drafts.to(self.device, non_blocking=True),
-                                      self._sampling_batch(step.num_checks, step.num_checks), self.wedlm_mask_id)
+        accepted = accept_drafts(check_tokens, drafts.to(self.device, non_blocking=True))
         return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
-                              row_tokens, self.wedlm.window_size, self.wedlm_mask_id)
+                              check_tokens, self.wedlm.window_size, self.wedlm_mask_id)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)

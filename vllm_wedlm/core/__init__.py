@@ -4,11 +4,13 @@ Never imports vLLM: the reference decoder and the vLLM adapter both drive these 
 the algorithm is written once. They run ``batch`` (every window of a step as one tensor
 computation: refill, reorder, select, fill, commit), ``selection.row_entropy`` and
 ``sampling.sample`` (all logits rows of a step at once). Lossless requests add a check of their
-fills against the AR rows of the same forward (``sampling.verify``, ``batch.verify_windows``):
+fills against the AR rows of the same forward (``sampling.verify``, ``batch.verify_windows``): a
+fill is accepted when the AR row's own draw is that fill, which is speculative sampling's law.
 
     rows = verification_rows(plan.windows, lossless)                       # leading runs
-    accepted, tokens = verify(ar_logits, verification_drafts(plan.windows.tokens, rows), sampling)
-    windows, num_commit = verify_windows(plan.windows, rows, accepted, tokens, window_size, mask_id)
+    tokens = sample(logits_rows, sampling)                                 # AR rows first
+    accepted = accept_drafts(tokens[:R], verification_drafts(plan.windows.tokens, rows))
+    windows, num_commit = verify_windows(plan.windows, rows, accepted, tokens[:R], window_size, mask_id)
 
 ``step`` and ``window`` state the same step for one request, in order, readably (the tests check
 that ``batch`` computes exactly this, window by window):

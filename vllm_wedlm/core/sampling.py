@@ -82,26 +82,21 @@ def verify(logits: torch.Tensor, drafts: torch.Tensor, batch: SamplingBatch,
     temperature, top-k and top-p): speculative sampling with the draft as a fixed proposal.
 
     ``logits`` [R, V]; ``drafts`` [R] int64, -1 where a row has no draft. Returns ``accepted``
-    [R] bool and ``tokens`` [R] int64, the row's token in place of a rejected draft (or its draw
-    when it has none). A draft x is accepted with probability p(x); otherwise the row draws from p
-    without x, renormalised. So whatever the draft and however it was chosen, the row's outcome
-    is distributed as p: P(x) = p(x), and P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y) for y != x.
-    A greedy row (p all on its argmax) accepts x exactly when x is the argmax, else gives it.
+    [R] bool and ``tokens`` [R] int64, the row's token (the draft where accepted). Speculative
+    sampling with a fixed proposal x keeps x with probability p(x) and otherwise draws from p
+    without x, renormalised; a draw y from p, kept as the row's token, with x accepted exactly when
+    y == x, has that same law: P(accept) = p(x), and given a rejection y is distributed as
+    p(y) / (1 - p(x)) over y != x. So the check costs nothing beyond the row's ordinary draw, which
+    the step makes anyway (``accept_drafts``). A greedy row accepts x exactly when x is its argmax.
     """
-    greedy, probs = _distribution(logits, batch, mask_id)
-    has_draft = drafts >= 0
-    greedy_accepted = has_draft & (greedy == drafts)
-    if probs is None:
-        return greedy_accepted, greedy
-    draft = drafts.clamp(min=0)[:, None]  # [R, 1]
-    p_draft = probs.gather(1, draft)[:, 0]  # [R]
-    uniform = torch.rand_like(p_draft)  # [R]
-    for start, count, generator in batch.generators:
-        uniform[start:start + count] = torch.rand(count, generator=generator, device=uniform.device)
-    residual = probs.scatter(1, draft, torch.where(has_draft, 0.0, p_draft)[:, None])  # [R, V], p without x
-    sampled = batch.temperature > 0
-    accepted = torch.where(sampled, has_draft & (uniform < p_draft), greedy_accepted)
-    return accepted, torch.where(sampled, _race(residual, batch), greedy)
+    tokens = sample(logits, batch, mask_id)
+    return accept_drafts(tokens, drafts), tokens
+
+
+def accept_drafts(tokens: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """[R] bool: which drafts ([R] int64, -1 = none) the rows' own draws ``tokens`` ([R]) accept
+    (``verify``: a draft is accepted when the row drew it)."""
+    return (drafts >= 0) & (tokens == drafts)
 
 
 def _distribution(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:

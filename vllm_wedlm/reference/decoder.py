@@ -32,7 +32,7 @@ from vllm_wedlm.core.params import (
     selection_tensors,
     validate_window_size,
 )
-from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, verify
+from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, accept_drafts, sample
 from vllm_wedlm.core.selection import row_entropy
 
 
@@ -104,9 +104,9 @@ class ReferenceDecoder:
             verified, num_commit = plan.windows, plan.num_commit
             if checks:
                 drafts = verification_drafts(plan.windows.tokens, num_rows)
-                accepted, row_tokens = verify(rows[:checks], drafts.to(rows.device),
-                                              self._sampling([sampling], [checks], ar_rows=checks), self.mask_token_id)
-                verified, num_commit = verify_windows(plan.windows, num_rows, accepted.cpu(), row_tokens.cpu(),
+                # The check rows' own draws decide (core.sampling.verify): no second draw.
+                accepted = accept_drafts(tokens[:checks], drafts)
+                verified, num_commit = verify_windows(plan.windows, num_rows, accepted, tokens[:checks],
                                                       self.window_size, self.mask_token_id)
             for token in plan.windows.tokens[0, : int(num_commit[0])].tolist():  # vLLM's check_stop per token
                 sequence.append(token)
