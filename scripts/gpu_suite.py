@@ -23,8 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
-from concurrent.futures.thread import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +50,11 @@ def units() -> list[tuple[str, list[str], float]]:
         else:
             found.append((path.name, [f"tests/{path.name}"], COSTS.get(path.name, 1)))
     return sorted(found, key=lambda unit: -unit[2])
+
+
+def pending(state: dict) -> list[tuple[str, list[str], float]]:
+    """The units still to run: never run, or cut by the time limit."""
+    return [unit for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
 
 
 def check_slices() -> None:
@@ -104,7 +108,7 @@ def main() -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
     check_slices()
     state = json.loads(args.state.read_text()) if args.state.is_file() else {}
-    todo = [unit for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
+    todo = pending(state)
     running = {}
     with ThreadPoolExecutor(args.jobs) as pool:
         while todo or running:
@@ -120,7 +124,7 @@ def main() -> int:
                 args.state.write_text(json.dumps(state, indent=1))
                 print(f"{time.time() - start:5.0f}s  {name:55} rc={state[name]['rc']}  {state[name]['seconds']}s  "
                       f"{state[name]['summary']}", flush=True)
-    remaining = [unit[0] for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
+    remaining = [unit[0] for unit in pending(state)]
     failed = [name for name, result in state.items() if result["rc"] not in (0, "timeout")]
     print(f"done {len(units()) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "
           f"remaining: {remaining or 'none'}")

