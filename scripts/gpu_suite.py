@@ -19,14 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+UNIT_ENV = "GPU_SUITE_UNIT"  # every process of a unit carries the unit's name in it
 
 # The files that take longest, each cut into slices that each start their own engines, with a rough
 # relative cost (the queue starts the costliest first); every other file is one unit of cost 1.
@@ -76,9 +79,11 @@ def _collect(args: list[str]) -> list[str]:
     return [line for line in out.splitlines() if "::" in line]
 
 
-def run_unit(name: str, args: list[str], logs: Path, deadline: float) -> dict:
+def run_unit(name: str, args: list[str], logs: Path, deadline: float, threads: int) -> dict:
     log = logs / (name.replace("/", "_").replace(" ", "_") + ".log")
-    env = {**os.environ, "VLLM_WEDLM_SHARED_GPU": "1"}
+    # Each unit gets its share of the cores: torch's CPU ops otherwise start a thread per core in
+    # every process, and --jobs processes oversubscribe the machine many times over.
+    env = {**os.environ, "VLLM_WEDLM_SHARED_GPU": "1", "OMP_NUM_THREADS": str(threads), UNIT_ENV: name}
     began = time.time()
     with log.open("w") as out:
         # Its own process group, so that a unit cut at the deadline takes its engines and servers with it.
@@ -90,10 +95,39 @@ def run_unit(name: str, args: list[str], logs: Path, deadline: float) -> dict:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
             rc = "timeout"
+    leftovers = kill_leftovers(name)
     lines = log.read_text(errors="replace").splitlines()
     summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line
                                                                           or "error" in line)), "")
-    return {"rc": rc, "seconds": round(time.time() - began), "summary": summary.strip("= ")}
+    return {"rc": rc, "seconds": round(time.time() - began), "summary": summary.strip("= "), "leftovers": leftovers}
+
+
+def kill_leftovers(name: str) -> int:
+    """Kill the processes the unit ``name`` left behind; how many there were.
+
+    ``vllm serve`` processes start their own sessions (vllm_wedlm.server_process), so a unit cut
+    at the deadline leaves them running, holding GPU memory that the next units' engines need.
+    Every process of a unit inherits its ``UNIT_ENV`` variable, which is how they are found.
+    """
+    marker = f"{UNIT_ENV}={name}".encode()
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ProcessLookupError):
+            pass  # gone meanwhile, or not ours to read
+    return killed
+
+
+def watch_gpu_memory(log: Path, running: dict, stop: threading.Event) -> None:
+    """Every 20 s, the GPU memory in use and the units running, appended to ``log``."""
+    while not stop.wait(20):
+        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+        with log.open("a") as out:
+            out.write(f"{time.strftime('%H:%M:%S')}  {used}  {sorted(running.values())}\n")
 
 
 def main() -> int:
@@ -103,18 +137,27 @@ def main() -> int:
     parser.add_argument("--limit", type=float, default=585, help="kill units still running after this many seconds")
     parser.add_argument("--state", type=Path, default=Path("/tmp/gpu-suite.json"))
     parser.add_argument("--logs", type=Path, default=Path("/tmp/gpu-suite-logs"))
+    parser.add_argument("--cheapest-first", action="store_true",
+                        help="start the cheap units first (the most units done in a short command)")
     args = parser.parse_args()
     start = time.time()  # the command's clock: --stop-after and --limit count from here
     args.logs.mkdir(parents=True, exist_ok=True)
     check_slices()
     state = json.loads(args.state.read_text()) if args.state.is_file() else {}
     todo = pending(state)
+    if args.cheapest_first:
+        todo.reverse()
     running = {}
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    stop_watching = threading.Event()
+    if shutil.which("nvidia-smi"):
+        threading.Thread(target=watch_gpu_memory, args=(args.logs / "gpu-memory.log", running, stop_watching),
+                         daemon=True).start()
     with ThreadPoolExecutor(args.jobs) as pool:
         while todo or running:
             while todo and len(running) < args.jobs and time.time() - start < args.stop_after:
                 name, pytest_args, _ = todo.pop(0)
-                running[pool.submit(run_unit, name, pytest_args, args.logs, start + args.limit)] = name
+                running[pool.submit(run_unit, name, pytest_args, args.logs, start + args.limit, threads)] = name
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -124,6 +167,7 @@ def main() -> int:
                 args.state.write_text(json.dumps(state, indent=1))
                 print(f"{time.time() - start:5.0f}s  {name:55} rc={state[name]['rc']}  {state[name]['seconds']}s  "
                       f"{state[name]['summary']}", flush=True)
+    stop_watching.set()
     remaining = [unit[0] for unit in pending(state)]
     failed = [name for name, result in state.items() if result["rc"] not in (0, "timeout")]
     print(f"done {len(units()) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "

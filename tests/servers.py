@@ -16,7 +16,9 @@ from vllm_wedlm.testing import serve_args
 @contextlib.contextmanager
 def running_server(model: Path, *args: str, log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """``vllm serve model *args`` with the test settings of this machine; yields the base URL."""
-    with server_process.running_server(model, "--seed", "0", *serve_args(), *args, log_path=log_path, env=env) as base:
+    dtype = args[args.index("--dtype") + 1] if "--dtype" in args else None
+    with server_process.running_server(model, "--seed", "0", *serve_args(dtype), *args, log_path=log_path,
+                                       env=env) as base:
         yield base
 
 

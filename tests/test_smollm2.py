@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Tokenizer
 
 from engines import running_llm
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
@@ -45,16 +45,22 @@ def source_tokenizer(gguf):
 
 
 @pytest.fixture(scope="module")
-def reference_answers(gguf, source_tokenizer):
-    """transformers' LlamaForCausalLM from the GGUF file: (prompt ids, greedy answer ids) per chat."""
+def reference_answers(gguf, source_tokenizer, converted):
+    """transformers' LlamaForCausalLM from the GGUF file: (prompt ids, greedy answer ids) per chat.
+
+    It stops where vLLM does, at the converted checkpoint's end-of-sequence id (its generation
+    config), which test_conversion_keeps_the_llama_as_a_qwen2_body checks is the chat's end token;
+    the tokenizer's own eos differs between transformers versions for this GGUF file.
+    """
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    stop = GenerationConfig.from_pretrained(converted).eos_token_id
     answers = []
     for chat in CHATS:
         ids = source_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
         ids = source_tokenizer(ids, add_special_tokens=False).input_ids
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                 eos_token_id=source_tokenizer.eos_token_id, pad_token_id=source_tokenizer.eos_token_id)
+                                 eos_token_id=stop, pad_token_id=stop)
         answers.append((ids, out[0, len(ids):].tolist()))
     return answers
 
@@ -72,6 +78,9 @@ def test_conversion_keeps_the_llama_as_a_qwen2_body(converted, source_tokenizer)
     assert config.hidden_size // config.num_attention_heads == 64 and config.num_hidden_layers == 30
     # Exactly one new row, the mask token's: no padded rows that vLLM could sample.
     assert config.mask_token_id == len(source_tokenizer) == 49152 and config.vocab_size == 49153
+    # vLLM stops at the generation config's eos: the end of an assistant turn.
+    end_of_turn = source_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert GenerationConfig.from_pretrained(converted).eos_token_id == end_of_turn
     note = (converted / "PROVENANCE.md").read_text()
     assert "HuggingFaceTB" in note and "apache-2.0" in note.lower()
 

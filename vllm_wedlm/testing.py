@@ -48,24 +48,29 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     kwargs: dict[str, Any] = {"max_model_len": 512, "seed": 0}
     if on_gpu():
-        kwargs.update(_gpu_memory())
-        if overrides.get("dtype") == "float32":
-            # vLLM's default float32 attention on CUDA (TRITON_ATTN) multiplies in TF32 (Triton's
-            # tl.dot default), 1e-3 off in log-probs; FlexAttention follows torch's float32
-            # precision ("highest" in vLLM workers), so float32 parity checks stay exact.
-            kwargs.update(attention_backend="FLEX_ATTENTION")
+        kwargs.update(_gpu_memory(), **_exact_attention(overrides.get("dtype")))
     else:
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
     kwargs.update(overrides)
     return kwargs
 
 
-def serve_args() -> list[str]:
-    """The same settings as ``vllm serve`` flags."""
+def serve_args(dtype: str | None = None) -> list[str]:
+    """The same settings as ``vllm serve`` flags, for a server of ``dtype`` (its ``--dtype``)."""
     if on_gpu():
         return ["--max-model-len", "512", *(f"--{key.replace('_', '-')}={value}"
-                                            for key, value in _gpu_memory().items())]
+                                            for key, value in {**_gpu_memory(), **_exact_attention(dtype)}.items())]
     return ["--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+
+
+def _exact_attention(dtype: str | None) -> dict[str, Any]:
+    """On CUDA, the attention backend of a float32 engine whose results are compared exactly.
+
+    vLLM's default float32 attention on CUDA (TRITON_ATTN) multiplies in TF32 (Triton's tl.dot
+    default), 1e-3 off in log-probs; FlexAttention follows torch's float32 precision ("highest" in
+    vLLM workers), so float32 parity checks stay exact.
+    """
+    return {"attention_backend": "FLEX_ATTENTION"} if dtype == "float32" else {}
 
 
 def _gpu_memory() -> dict[str, Any]:
