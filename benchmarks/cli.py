@@ -68,6 +68,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", default="256", help="output token limits (output-length sweep)")
     parser.add_argument("--ignore-eos", action="store_true", help="always produce max_tokens tokens")
     parser.add_argument("--window-size", type=int, default=16, help="WeDLM's W, server-wide")
+    parser.add_argument("--window-tokens", type=int,
+                        help="adaptive window: undecided slots per step, W at most --window-size (default: fixed W)")
     parser.add_argument("--max-model-len", type=int, help="default: the model's own")
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--json", required=True, help="write the results here")
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         modes = parse_modes(args.modes)
         workloads = _workloads(args, model)
         common = dict(max_tokens=_ints(args.max_tokens), ignore_eos=args.ignore_eos, window_size=args.window_size,
-                      progress=progress)
+                      window_tokens=args.window_tokens, progress=progress)
         if args.command == "offline":
             rows = offline.run(model, modes, workloads, batch_sizes=_ints(args.batch_sizes),
                                engine_overrides=_engine_overrides(args), repeats=args.repeats, **common)

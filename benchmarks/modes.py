@@ -36,9 +36,11 @@ class Mode:
         """Modes with equal ``engine`` run on one engine."""
         return f"ngram:{self.ngram_tokens}" if self.ngram_tokens else self.decoding
 
-    def additional_config(self, window_size: int) -> dict:
+    def additional_config(self, window_size: int, window_tokens: int | None = None) -> dict:
+        """``window_tokens``: the adaptive window's budget (WINDOW_TOKENS_KEY), None = a fixed W."""
         if self.decoding == "wedlm":
-            return {"decoding": "wedlm", "window_size": window_size}
+            config = {"decoding": "wedlm", "window_size": window_size}
+            return config if window_tokens is None else {**config, "window_tokens": window_tokens}
         return {"decoding": "ar"}
 
     def speculative_config(self) -> dict | None:

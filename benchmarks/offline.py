@@ -14,10 +14,11 @@ from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwar
 from vllm_wedlm.testing import engine_kwargs
 
 
-def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dict[str, Any]) -> dict[str, Any]:
+def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dict[str, Any],
+                    window_tokens: int | None = None) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments of a mode's engine; the same for every mode but the mode's own."""
     settings = engine_kwargs(**overrides)
-    settings["additional_config"] = mode.additional_config(window_size)
+    settings["additional_config"] = mode.additional_config(window_size, window_tokens)
     settings["max_num_seqs"] = max_batch
     # Every WeDLM window of a full batch fits one step, whatever the mode.
     settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
@@ -55,7 +56,7 @@ def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool):
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, batch_sizes: list[int],
         max_tokens: list[int], ignore_eos: bool, window_size: int,
-        engine_overrides: dict[str, Any], progress, repeats: int = 1) -> list[dict]:
+        engine_overrides: dict[str, Any], progress, repeats: int = 1, window_tokens: int | None = None) -> list[dict]:
     """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots), each
     timed ``repeats`` times (median seconds and spread; greedy outputs are the same every time)."""
     from vllm import LLM
@@ -65,7 +66,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                 for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()]
     total = len(modes) * len(settings)
     for group in by_engine(modes).values():
-        llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides))
+        llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides, window_tokens))
         try:
             warm = take(settings[0][2], max(batch_sizes))
             llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)
@@ -87,6 +88,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                     row = {
                         "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
                         "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
+                        "window_tokens": window_tokens if mode.decoding == "wedlm" else None,
                         "requests": len(outputs),
                         "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
                         "output_tokens": tokens, "seconds": round(seconds, 4),

@@ -34,11 +34,14 @@ class Measured:
     text: str
 
 
-def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[str]) -> list[str]:
+def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[str],
+               window_tokens: int | None = None) -> list[str]:
     args = ["--decoding", mode.decoding, "--max-num-seqs", str(max_concurrency),
             "--max-num-batched-tokens", str(token_budget(max_concurrency, window_size))]
     if mode.decoding == "wedlm":
         args += ["--wedlm-window-size", str(window_size)]
+        if window_tokens is not None:
+            args += ["--wedlm-window-tokens", str(window_tokens)]
     if mode.ngram_tokens:
         args += ["--speculative-config", json.dumps(mode.speculative_config())]
     return args + extra
@@ -92,7 +95,7 @@ def _tokens_per_forward(mode: Mode, before: dict, after: dict, tokens: int) -> f
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, concurrencies: list[int],
         requests: int, max_tokens: list[int], ignore_eos: bool, window_size: int,
-        serve_extra: list[str], log_dir: Path | None, progress) -> list[dict]:
+        serve_extra: list[str], log_dir: Path | None, progress, window_tokens: int | None = None) -> list[dict]:
     """One row per mode x shots x max_tokens x concurrency x task kind (``workloads``: by shots)."""
     rows = []
     settings = [(shots, kind, prompts, limit, concurrency) for shots, workload in workloads.items()
@@ -101,7 +104,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="wedlm-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for engine, group in by_engine(modes).items():
-        args = serve_args(group[0], window_size, max(concurrencies), serve_extra)
+        args = serve_args(group[0], window_size, max(concurrencies), serve_extra, window_tokens)
         log = log_dir / f"serve-{engine.replace(':', '-')}.log"
         with running_server(model, *args, log_path=log) as url:
             warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
@@ -117,6 +120,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                     row = {
                         "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
                         "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
+                        "window_tokens": window_tokens if mode.decoding == "wedlm" else None,
                         "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
                         "output_tok_s": round(tokens / wall, 2),
                         "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),

@@ -63,9 +63,13 @@ def seeded(spec: dict, seed: int) -> SamplingSpec:
     return SamplingSpec(**spec, generator=gen)
 
 
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
 @pytest.mark.parametrize("window_size", [1, 2, 5, 16])
-def test_batched_step_equals_per_request_step(window_size):
-    rng = random.Random(window_size)
+def test_batched_step_equals_per_request_step(window_size, adaptive):
+    """``adaptive``: each step plans every window with its own W between 1 and ``window_size`` (the
+    engine's adaptive window picks one W per step; rows differ here to cover more), so windows grow
+    and shrink from step to step."""
+    rng = random.Random(window_size + 100 * adaptive)
     gen = torch.Generator().manual_seed(window_size)
     combos = list(itertools.product(TAUS, LAMBDAS, range(len(SAMPLINGS))))
     rng.shuffle(combos)
@@ -86,11 +90,16 @@ def test_batched_step_equals_per_request_step(window_size):
 
     for step in range(6):
         committed_t = torch.tensor(committed)
-        plan = plan_windows(batch, window_size, committed_t, torch.tensor(limits))
-        expected = [plan_step(w, window_size, c, lim, M) for w, c, lim in zip(windows, committed, limits, strict=True)]
+        sizes = [rng.randint(1, window_size) if adaptive else window_size for _ in range(batch_size)]
+        plan = plan_windows(batch, torch.tensor(sizes), committed_t, torch.tensor(limits))
+        expected = [plan_step(w, size, c, lim, M)
+                    for w, size, c, lim in zip(windows, sizes, committed, limits, strict=True)]
         for row, exp in enumerate(expected):
             n = len(exp.window)
             assert int(plan.windows.length[row]) == n
+            if windows[row] is not None:  # a filled slot is never dropped, whatever the new W
+                assert n >= windows[row].filled_end()
+                assert plan.windows.filled[row, :n].sum() == windows[row].filled.sum()
             assert plan.order[row, :n].tolist() == exp.order.tolist()
             assert plan.input_ids[row, :n].tolist() == exp.input_ids.tolist()
             assert int(plan.num_commit[row]) == exp.num_commit

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import vllm_wedlm
+from vllm_wedlm.config import WeDLMSettings
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +69,38 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
         "decoding": "wedlm", "window_size": 8, "entropy_threshold": None, "pos_penalty": 0.1, "lossless": True}
     argv = ["--decoding", "wedlm", "--wedlm-entropy-threshold", "0.6"]
     assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "entropy_threshold": 0.6}
+    argv = ["--decoding", "wedlm", "--wedlm-window-size", "auto"]
+    assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "window_size": "auto"}
+    argv = ["--decoding", "wedlm", "--wedlm-window-size", "32", "--wedlm-window-tokens", "128"]
+    assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "window_size": 32,
+                                                                 "window_tokens": 128}
+
+
+@pytest.mark.parametrize("config,window_size,window_tokens", [
+    ({}, 16, None),
+    ({"window_size": 8}, 8, None),
+    ({"window_size": "auto"}, 16, 256),
+    ({"window_size": "auto", "window_tokens": 64}, 16, 64),
+    ({"window_size": 32, "window_tokens": 128}, 32, 128),
+])
+def test_the_adaptive_window_settings(config, window_size, window_tokens):
+    settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", **config})
+    assert (settings.window_size, settings.window_tokens) == (window_size, window_tokens)
+    # W per step: the window size when fixed; else about window_tokens slots in all, 1 to window_size each.
+    sizes = [settings.step_window_size(n) for n in (1, 4, 16, 64, 1024)]
+    if window_tokens is None:
+        assert sizes == [window_size] * 5
+    else:
+        assert sizes == [max(1, min(window_size, window_tokens // n)) for n in (1, 4, 16, 64, 1024)]
+        assert sizes[0] == window_size and sizes[-1] == 1
 
 
 @pytest.mark.parametrize("settings,message", [
     ({"window_size": 0}, "window_size must be an integer in"),
     ({"window_size": 1000}, "window_size must be an integer in"),
+    ({"window_size": "automatic"}, "window_size must be an integer in \\[1, 256\\] or 'auto'"),
+    ({"window_tokens": 0}, "window_tokens must be an integer in"),
+    ({"window_size": "auto", "window_tokens": 2.5}, "window_tokens must be an integer in"),
     ({"entropy_threshold": -0.5}, "entropy_threshold must be a positive"),
     ({"pos_penalty": -1}, "pos_penalty must be a finite number"),
     ({"lossless": "yes"}, "lossless must be true or false"),

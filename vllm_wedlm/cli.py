@@ -17,6 +17,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from vllm_wedlm.config import (
+    AUTO_WINDOW,
     DECODING_KEY,
     DECODING_MODES,
     DEFAULT_DECODING,
@@ -24,9 +25,10 @@ from vllm_wedlm.config import (
     LOSSLESS_KEY,
     POS_PENALTY_KEY,
     WINDOW_SIZE_KEY,
+    WINDOW_TOKENS_KEY,
     asks_for_wedlm,
 )
-from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
+from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, DEFAULT_WINDOW_TOKENS
 from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, MODEL_TYPE
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ _MARK = "_vllm_wedlm_wrapped"
 _FLAG_KEYS = {
     "wedlm_decoding": DECODING_KEY,
     "wedlm_window_size": WINDOW_SIZE_KEY,
+    "wedlm_window_tokens": WINDOW_TOKENS_KEY,
     "wedlm_entropy_threshold": ENTROPY_THRESHOLD_KEY,
     "wedlm_pos_penalty": POS_PENALTY_KEY,
     "wedlm_lossless": LOSSLESS_KEY,
@@ -50,13 +53,23 @@ def _threshold(text: str) -> float | None:
     return None if text.lower() in ("none", "null") else float(text)
 
 
+def _window_size(text: str) -> int | str:
+    return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
+
+
 def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("WeDLM", "Options of the vllm_wedlm plugin.")
     group.add_argument("--decoding", dest="wedlm_decoding", choices=DECODING_MODES, default=argparse.SUPPRESS,
                        help=f"How a WeDLM model decodes (default: {DEFAULT_DECODING}). 'ar': one token per "
                        "forward, vLLM's ordinary path. 'wedlm': WeDLM's streaming parallel decoding.")
-    group.add_argument("--wedlm-window-size", type=int, default=argparse.SUPPRESS,
-                       help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}).")
+    group.add_argument("--wedlm-window-size", type=_window_size, default=argparse.SUPPRESS,
+                       help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}), or "
+                       f"'{AUTO_WINDOW}': adapt them to the batch each step, at most {DEFAULT_WINDOW_SIZE} "
+                       f"(--wedlm-window-tokens {DEFAULT_WINDOW_TOKENS}).")
+    group.add_argument("--wedlm-window-tokens", type=int, default=argparse.SUPPRESS,
+                       help="WeDLM mode: adapt the window to the batch each step, about this many undecided "
+                       "slots in all, at most --wedlm-window-size per request, at least one (default with "
+                       f"'--wedlm-window-size {AUTO_WINDOW}': {DEFAULT_WINDOW_TOKENS}; otherwise off).")
     group.add_argument("--wedlm-entropy-threshold", type=_threshold, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: fill every mask whose adjusted entropy is below this "
                        f"(default {DEFAULT_PARAMS.entropy_threshold}; 'none' = one per step). "

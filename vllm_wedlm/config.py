@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, WeDLMParams, validate_window_size
+from vllm_wedlm.core.params import (
+    DEFAULT_PARAMS,
+    DEFAULT_WINDOW_SIZE,
+    DEFAULT_WINDOW_TOKENS,
+    WeDLMParams,
+    adaptive_window_size,
+    validate_window_size,
+    validate_window_tokens,
+)
 
 #: Decoding modes. "ar": one token per forward, vLLM's ordinary path. "wedlm": WeDLM's streaming
 #: parallel decoding of a window of masked slots per forward.
@@ -22,10 +30,16 @@ DEFAULT_DECODING = "ar"
 #: additional_config keys (server-wide settings).
 DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
+#: Adapts W to the batch each step (``adaptive_window_size``): about this many undecided slots per
+#: step in all, each window at most ``window_size``. ``window_size: "auto"`` is the short form:
+#: the default W as the most, and this budget (default DEFAULT_WINDOW_TOKENS).
+WINDOW_TOKENS_KEY = "window_tokens"
+AUTO_WINDOW = "auto"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
 LOSSLESS_KEY = "lossless"
-SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY, LOSSLESS_KEY)
+SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, WINDOW_TOKENS_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY,
+                 LOSSLESS_KEY)
 
 #: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
 #: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
@@ -71,7 +85,10 @@ class WeDLMSettings:
 
     window_size: int = DEFAULT_WINDOW_SIZE
     """W: undecided slots kept per request (WeDLM mode); each forward covers W to
-    ``max_window_tokens(W)`` tokens."""
+    ``max_window_tokens(W)`` tokens. With ``window_tokens``, the largest W a step may use."""
+
+    window_tokens: int | None = None
+    """None: every step uses ``window_size``. Else W adapts to the batch: ``step_window_size``."""
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
@@ -79,6 +96,12 @@ class WeDLMSettings:
     @property
     def wedlm(self) -> bool:
         return self.decoding == "wedlm"
+
+    def step_window_size(self, num_windows: int) -> int:
+        """W of the windows planned together for one step, ``num_windows`` of them."""
+        if self.window_tokens is None:
+            return self.window_size
+        return adaptive_window_size(num_windows, self.window_tokens, self.window_size)
 
     @classmethod
     def from_additional_config(cls, additional_config: object) -> WeDLMSettings:
@@ -112,15 +135,23 @@ class WeDLMSettings:
                 raise ValueError(
                     f"Unknown additional_config key(s) {_names(unknown)} with decoding 'wedlm'; the WeDLM "
                     f"settings are {_names(SETTINGS_KEYS)} (flags --decoding, --wedlm-window-size, "
-                    "--wedlm-entropy-threshold, --wedlm-pos-penalty)."
+                    "--wedlm-window-tokens, --wedlm-entropy-threshold, --wedlm-pos-penalty, --wedlm-lossless)."
                 )
-        window_size = validate_window_size(additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE))
+        window_size = additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE)
+        window_tokens = additional_config.get(WINDOW_TOKENS_KEY)
+        if window_size == AUTO_WINDOW:
+            window_size = DEFAULT_WINDOW_SIZE
+            window_tokens = DEFAULT_WINDOW_TOKENS if window_tokens is None else window_tokens
+        elif isinstance(window_size, str):
+            raise ValueError(f"window_size must be an integer in [1, 256] or {AUTO_WINDOW!r}, got {window_size!r}")
+        window_size = validate_window_size(window_size)
+        window_tokens = None if window_tokens is None else validate_window_tokens(window_tokens)
         params = WeDLMParams(
             entropy_threshold=additional_config.get(ENTROPY_THRESHOLD_KEY, DEFAULT_PARAMS.entropy_threshold),
             pos_penalty=additional_config.get(POS_PENALTY_KEY, DEFAULT_PARAMS.pos_penalty),
             lossless=additional_config.get(LOSSLESS_KEY, DEFAULT_PARAMS.lossless),
         )
-        return cls(decoding=decoding, window_size=window_size, params=params)
+        return cls(decoding=decoding, window_size=window_size, window_tokens=window_tokens, params=params)
 
     def request_params(self, extra_args: dict | None) -> WeDLMParams:
         """The knobs of one request: its extra_args over the server defaults.

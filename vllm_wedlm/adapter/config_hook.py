@@ -92,8 +92,9 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         scheduler.max_num_seqs = max_seqs
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
-    logger.info("WeDLM decoding: window %d, entropy threshold %s, position penalty %s, lossless %s",
-                settings.window_size, settings.params.entropy_threshold, settings.params.pos_penalty,
+    adaptive = "" if settings.window_tokens is None else f" at most, adapted to ~{settings.window_tokens} slots/step"
+    logger.info("WeDLM decoding: window %d%s, entropy threshold %s, position penalty %s, lossless %s",
+                settings.window_size, adaptive, settings.params.entropy_threshold, settings.params.pos_penalty,
                 settings.params.lossless)
 
 

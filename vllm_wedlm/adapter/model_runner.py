@@ -123,6 +123,9 @@ class WeDLMRunnerMixin:
         self.wedlm_request_forwards = 0
         # Steps run per CUDA graph mode ("FULL", "PIECEWISE", "NONE" = eager), start-up included.
         self.wedlm_graph_modes: Counter[str] = Counter()
+        # While on (``wedlm_trace_window_sizes``): request id -> the W of each window planned for it,
+        # in order (the adaptive window's per-step W, for the reference decoder to replay).
+        self.wedlm_window_trace: dict[str, list[int]] | None = None
         # vLLM's spec-decode bookkeeping (``_calc_spec_decode_metadata``, run by ``_prepare_inputs``
         # although WeDLM uses none of it) counts each request's drafts plus one bonus row. Speculative
         # decoding schedules that bonus row as a token; a WeDLM window is drafts only, so a full
@@ -254,6 +257,10 @@ class WeDLMRunnerMixin:
         resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
         ar_next = step.ar_decode | (step.first_token & autoregressive)
         plan_slots = np.concatenate([w_slots, step.slots[new]])  # [P]
+        window_size = self.wedlm.step_window_size(len(plan_slots))  # W of every window planned now
+        if self.wedlm_window_trace is not None:
+            for row in np.flatnonzero(step.window | new):
+                self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
         num_rows = int(step.num_logits.sum())
         row_kind = self._row_kinds(step)
 
@@ -271,7 +278,7 @@ class WeDLMRunnerMixin:
                 planned = table.windows.rows(ws)
                 verified, commit = None, leading_filled(planned.filled)
                 if verified_commit:
-                    verified, commit = self._verify(planned, tokens, row_kind, w_slots, w_checks)
+                    verified, commit = self._verify(planned, tokens, row_kind, w_slots, w_checks, window_size)
                     device_out.append(commit)
                 mask_rows = row_kind == _MASK_ROW
                 mask_logits = self._rows(logits, mask_rows)
@@ -290,7 +297,7 @@ class WeDLMRunnerMixin:
                     fresh.tokens[index, 0] = first
                     fresh.filled[index, 0] = True
                 parts.append(fresh)
-            plan = plan_windows(WindowBatch.cat(parts), self.wedlm.window_size, committed_len, self.max_model_len)
+            plan = plan_windows(WindowBatch.cat(parts), window_size, committed_len, self.max_model_len)
             device_out.append(table.store(slots_dev, plan).flatten())
         if ar_next.any():
             device_out.append(self._rows(tokens, row_kind == _AR_NEXT_ROW))
@@ -343,16 +350,16 @@ class WeDLMRunnerMixin:
         return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
 
     def _verify(self, planned: WindowBatch, tokens: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
-                w_checks: np.ndarray) -> tuple[WindowBatch, torch.Tensor]:
+                w_checks: np.ndarray, window_size: int) -> tuple[WindowBatch, torch.Tensor]:
         """Check the lossless windows' fills against their AR rows' draws (``core.sampling.verify``,
         ``core.batch.verify_windows``); the windows to fill on and the committed run of every window
-        of the step ([Bw], device)."""
+        of the step ([Bw], device). ``window_size``: the W of the windows' next plan."""
         check_tokens = self._rows(tokens, row_kind == _CHECK_ROW)  # [R]: the AR rows' own draws
         drafts = verification_drafts(torch.from_numpy(self.wedlm_table.host.input_ids[w_slots]),
                                      torch.from_numpy(w_checks))  # [R], on the host: no device sync
         accepted = accept_drafts(check_tokens, drafts.to(self.device, non_blocking=True))
         return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
-                              check_tokens, self.wedlm.window_size, self.wedlm_mask_id)
+                              check_tokens, window_size, self.wedlm_mask_id)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
@@ -386,3 +393,12 @@ class WeDLMWorkerMixin:
     def wedlm_graph_modes(self) -> dict[str, int]:
         """Steps run per CUDA graph mode so far: ``llm.collective_rpc("wedlm_graph_modes")``."""
         return dict(self.model_runner.wedlm_graph_modes)
+
+    def wedlm_trace_window_sizes(self, on: bool) -> dict[str, list[int]]:
+        """Start (``on``) or stop recording the window size W of every window planned, per request
+        (vLLM's internal request id), and return what was recorded since the last call:
+        ``llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))``. For checks of the
+        adaptive window (``--wedlm-window-tokens``) against the reference decoder run at the same W."""
+        runner = self.model_runner
+        trace, runner.wedlm_window_trace = runner.wedlm_window_trace or {}, ({} if on else None)
+        return trace

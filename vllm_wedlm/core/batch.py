@@ -95,15 +95,19 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
     The leading filled run (committed by this forward) is matched by new masks at the end so that
     ``window_size`` slots follow it ([B] or one int; an empty window gets ``window_size`` masks).
     Slots never reach ``limit`` ([B], the end of each request's KV room, vLLM's max_model_len; None:
-    no end). ``committed_len`` [B]: tokens before each window.
+    no end). ``committed_len`` [B]: tokens before each window. A window longer than a smaller
+    ``window_size`` now allows (an adaptive window) loses its trailing masks, never a filled slot.
     """
     slot = windows.slot_index()
     num_commit = leading_filled(windows.filled)  # [B]
-    refill = (window_size - (windows.length - num_commit)).clamp(min=0)  # [B]
+    target = num_commit + window_size  # [B]: the committed run, then window_size undecided slots
+    filled_end = torch.where(windows.filled, slot + 1, 0).amax(1)  # [B]: one past the last fill
+    # Longer than the target: cut to it, but keep every fill; shorter: grow to it. The slots past
+    # a window's length are already unfilled masks (invariant), so either is just a new length.
+    length = torch.maximum(target, torch.minimum(windows.length, filled_end))  # [B]
     if limit is not None:
         space = (limit - committed_len).clamp(min=0)  # [B] slots before the KV room ends
-        refill = torch.minimum(refill, space - windows.length).clamp(min=0)
-    length = windows.length + refill  # [B]; the new slots are already masks (invariant)
+        length = torch.minimum(length, torch.maximum(space, windows.length))  # never grows past the room
     valid = slot < length[:, None]  # [B, C]
     # Filled slots first, then masks, each in logical order (a stable sort), padding last: the
     # leading filled run sits at its own positions, and the mask rows are each forward's last rows.

@@ -46,18 +46,25 @@ def plan_step(window: Window | None, window_size: int, committed_len: int, limit
     """Refill and reorder a request's window before its forward.
 
     ``window`` None starts a request (after prefill): ``window_size`` masks. Otherwise the leading
-    filled run (committed by this forward) is matched by as many new masks at the end, so
-    ``window_size`` slots stay undecided. As in WeDLM's engine (wedlm.md 2.7), the window does
-    not shrink as the request nears its max_tokens, which only truncates what is committed: a
+    filled run (committed by this forward) is matched by new masks at the end, so that
+    ``window_size`` slots after it stay undecided. As in WeDLM's engine (wedlm.md 2.7), the window
+    does not shrink as the request nears its max_tokens, which only truncates what is committed: a
     request's tokens do not depend on it. Only the KV room ends a window early: no slot at or
     past ``limit`` (max_model_len), where the request must end anyway.
+
+    ``window_size`` may change from step to step (an adaptive window, ``WeDLMSettings.window_tokens``).
+    A window longer than its new size allows loses its trailing masks, never a filled slot: it
+    keeps every slot up to its last fill.
     """
     space = room(committed_len, limit)
-    if window is None:
-        window = Window.of_masks(window_size if space is None else min(window_size, space), mask_id)
+    window = Window.of_masks(0, mask_id) if window is None else window
     num_commit = window.leading_filled()
-    refill = num_commit if space is None else min(num_commit, space - len(window))
-    window = window.extended(refill, mask_id)
+    target = num_commit + window_size  # slots this forward covers: the run it commits, then W undecided
+    if len(window) > target:
+        window = window.truncated(max(target, window.filled_end()))
+    else:
+        grow = target - len(window) if space is None else min(target - len(window), space - len(window))
+        window = window.extended(grow, mask_id)
     return StepPlan(window=window, order=window.physical_order(), num_commit=num_commit)
 
 

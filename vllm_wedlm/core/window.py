@@ -34,6 +34,16 @@ class Window:
         tail = Window.of_masks(count, mask_id)
         return Window(torch.cat([self.tokens, tail.tokens]), torch.cat([self.filled, tail.filled]))
 
+    def filled_end(self) -> int:
+        """One past the last filled slot (0 when nothing is filled): a window shorter than this
+        would lose a fill."""
+        filled = torch.nonzero(self.filled, as_tuple=False)
+        return int(filled.max()) + 1 if len(filled) else 0
+
+    def truncated(self, size: int) -> Window:
+        """The window's first ``size`` slots."""
+        return Window(self.tokens[:size], self.filled[:size])
+
     def dropped(self, count: int) -> Window:
         """The window without its first ``count`` slots (committed)."""
         return Window(self.tokens[count:], self.filled[count:])

@@ -13,6 +13,7 @@ checkpoint to check what the engine produces:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -74,13 +75,24 @@ class ReferenceDecoder:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], stop: StopRule, params: WeDLMParams = DEFAULT_PARAMS,
-                 sampling: SamplingSpec | None = None) -> ReferenceOutput:
+                 sampling: SamplingSpec | None = None, window_sizes: Sequence[int] = ()) -> ReferenceOutput:
+        """Decode ``prompt_ids`` until ``stop``.
+
+        ``window_sizes``: W of each window planned, in order (the first forward's, the second's,
+        ...), where the engine adapted W to its batches (``--wedlm-window-tokens``; the engine's
+        record: ``wedlm_trace_window_sizes``); past its end, ``window_size``.
+        """
         sampling = SamplingSpec() if sampling is None else sampling  # greedy by default
         prompt_len = len(prompt_ids)
         if stop.max_model_len is not None and prompt_len >= stop.max_model_len:
             raise ValueError(f"a prompt of {prompt_len} tokens leaves no room below max_model_len {stop.max_model_len}")
+        sizes = [validate_window_size(w) for w in window_sizes]
+
+        def size(k: int) -> int:  # W of the k-th window planned
+            return sizes[k] if k < len(sizes) else self.window_size
+
         sequence = list(prompt_ids)  # prompt + committed
-        windows = WindowBatch.empty(1, 2 * self.window_size, self.mask_token_id)
+        windows = WindowBatch.empty(1, 2 * max([self.window_size, *sizes]), self.mask_token_id)
         if params.lossless:
             # The window starts with the model's own next token, drawn from the prompt's last row
             # (the engine's prefill forward, not counted below).
@@ -91,7 +103,7 @@ class ReferenceDecoder:
         limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
         num_forwards = 0
         while True:
-            plan = plan_windows(windows, self.window_size, torch.tensor([len(sequence)]), limit)
+            plan = plan_windows(windows, size(num_forwards), torch.tensor([len(sequence)]), limit)
             n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
             num_rows = verification_rows(plan.windows, torch.tensor([params.lossless]))  # [1]
             checks = int(num_rows[0])
@@ -106,8 +118,9 @@ class ReferenceDecoder:
                 drafts = verification_drafts(plan.windows.tokens, num_rows)
                 # The check rows' own draws decide (core.sampling.verify): no second draw.
                 accepted = accept_drafts(tokens[:checks], drafts)
+                # A rejection cuts the window to the next plan's W (the engine's order).
                 verified, num_commit = verify_windows(plan.windows, num_rows, accepted, tokens[:checks],
-                                                      self.window_size, self.mask_token_id)
+                                                      size(num_forwards), self.mask_token_id)
             for token in plan.windows.tokens[0, : int(num_commit[0])].tolist():  # vLLM's check_stop per token
                 sequence.append(token)
                 if token in stop.stop_token_ids:

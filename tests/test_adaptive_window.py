@@ -1,0 +1,71 @@
+"""The adaptive window (``window_tokens``, ``--wedlm-window-size auto``) through ``vllm.LLM``.
+
+Each step the engine plans every window with one W chosen from the number of windows
+(``WeDLMSettings.step_window_size``), so a request's W changes as others start and finish. The
+engine records the W of each window it plans (``wedlm_trace_window_sizes``); the reference decoder,
+given that sequence, must produce exactly the engine's tokens and forwards, plain and lossless
+requests mixed in one batch. The batch is built so that W really moves both ways: requests finish
+at different times and waiting ones take their place.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import build_checkpoint
+from engines import running_llm
+from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.reference import ReferenceDecoder, StopRule
+
+MAX_WINDOW, WINDOW_TOKENS, TAU = 16, 32, 0.4  # W from 32 // 8 = 4 (a full batch) up to 16 (one request)
+MAX_NUM_SEQS = 8
+PROMPTS = [f"{i}, {i + 1}, {i + 2}, the lamp reads {i * 7} apples" for i in range(14)]
+MAX_TOKENS = [24 + 9 * (i % 5) for i in range(len(PROMPTS))]  # they finish at different steps
+LOSSLESS = [i % 3 == 0 for i in range(len(PROMPTS))]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_checkpoint(tmp_path_factory.mktemp("adaptive"), TinySpec(variant="qwen2", logit_scale=100.0))
+
+
+def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint):
+    from vllm import SamplingParams
+
+    config = WeDLMConfig.from_pretrained(checkpoint)
+    reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
+    wedlm = {"decoding": "wedlm", "window_size": MAX_WINDOW, "window_tokens": WINDOW_TOKENS, "entropy_threshold": TAU}
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
+              for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
+    with running_llm(checkpoint, dtype="float32", additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS,
+                     max_num_batched_tokens=MAX_NUM_SEQS * 2 * MAX_WINDOW) as llm:
+        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+        forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+        forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
+        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+
+    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
+    expected_forwards = 0
+    for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
+        sizes = by_request[output.request_id]
+        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n),
+                                      WeDLMParams(TAU, 0.02, lossless=lossless), window_sizes=sizes)
+        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, sizes)
+        # A window is planned after the prompt and after every forward, the last one included.
+        assert len(sizes) == expected.num_forwards + 1, (output.request_id, sizes)
+        expected_forwards += expected.num_forwards
+    assert forwards == expected_forwards
+
+    # W really moved: small with a full batch, the whole window for the last request, and down
+    # again for a running request when a waiting one joined (its window kept its fills).
+    used = {w for sizes in by_request.values() for w in sizes}
+    assert min(used) == WINDOW_TOKENS // MAX_NUM_SEQS and max(used) == MAX_WINDOW and len(used) >= 3, used
+    assert any(b < a for sizes in by_request.values() for a, b in zip(sizes[:-1], sizes[1:], strict=True)), by_request
+    # And the adaptive window is not the fixed one: at W 16 throughout, requests decode differently.
+    fixed = [reference.generate(list(o.prompt_token_ids), StopRule(max_tokens=n), WeDLMParams(TAU, 0.02, lossless=f))
+             for o, n, f in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True)]
+    assert sum(e.num_forwards for e in fixed) != expected_forwards
