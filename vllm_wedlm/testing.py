@@ -73,7 +73,12 @@ def _exact_attention(dtype: str | None) -> dict[str, Any]:
     return {"attention_backend": "FLEX_ATTENTION"} if dtype == "float32" else {}
 
 
-def _gpu_memory() -> dict[str, Any]:
+def shared_gpu_memory() -> dict[str, Any]:
+    """Engine memory settings where several processes share one GPU (``SHARED_GPU_ENV``), else none."""
     if os.environ.get(SHARED_GPU_ENV) == "1":
         return {"gpu_memory_utilization": 0.04, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
-    return {"gpu_memory_utilization": 0.3}
+    return {}
+
+
+def _gpu_memory() -> dict[str, Any]:
+    return shared_gpu_memory() or {"gpu_memory_utilization": 0.3}
