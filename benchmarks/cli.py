@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
 def _machine_serve_args() -> list[str]:
     """On the CPU, the same eager mode and KV budget as ``vllm.LLM`` gets from ``engine_kwargs``; on a
     GPU, vLLM's memory defaults, unless parallel processes share it (``shared_gpu_memory``)."""
-    from vllm_wedlm.testing import CPU_KV_CACHE_BYTES, on_gpu, shared_gpu_memory
+    from vllm_wedlm.testing import CPU_KV_CACHE_BYTES, on_gpu, serve_flags, shared_gpu_memory
 
     if on_gpu():
-        return [f"--{key.replace('_', '-')}={value}" for key, value in shared_gpu_memory().items()]
+        return serve_flags(shared_gpu_memory())
     return ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]

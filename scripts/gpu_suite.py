@@ -116,7 +116,7 @@ def kill_leftovers(name: str) -> int:
             if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed += 1
-        except (OSError, ProcessLookupError):
+        except OSError:
             pass  # gone meanwhile, or not ours to read
     return killed
 

@@ -58,9 +58,13 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
 def serve_args(dtype: str | None = None) -> list[str]:
     """The same settings as ``vllm serve`` flags, for a server of ``dtype`` (its ``--dtype``)."""
     if on_gpu():
-        return ["--max-model-len", "512", *(f"--{key.replace('_', '-')}={value}"
-                                            for key, value in {**_gpu_memory(), **_exact_attention(dtype)}.items())]
+        return ["--max-model-len", "512", *serve_flags({**_gpu_memory(), **_exact_attention(dtype)})]
     return ["--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+
+
+def serve_flags(settings: dict[str, Any]) -> list[str]:
+    """``vllm.LLM`` keyword arguments as ``vllm serve`` flags (``--kv-cache-memory-bytes=...``)."""
+    return [f"--{key.replace('_', '-')}={value}" for key, value in settings.items()]
 
 
 def _exact_attention(dtype: str | None) -> dict[str, Any]:

@@ -102,9 +102,10 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
     num_commit = leading_filled(windows.filled)  # [B]
     target = num_commit + window_size  # [B]: the committed run, then window_size undecided slots
     filled_end = torch.where(windows.filled, slot + 1, 0).amax(1)  # [B]: one past the last fill
-    # Longer than the target: cut to it, but keep every fill; shorter: grow to it. The slots past
-    # a window's length are already unfilled masks (invariant), so either is just a new length.
-    length = torch.maximum(target, torch.minimum(windows.length, filled_end))  # [B]
+    # Longer than the target: cut to it, but keep every fill; shorter: grow to it (filled_end is
+    # within the window). The slots past a window's length are already unfilled masks (invariant),
+    # so either is just a new length.
+    length = torch.maximum(target, filled_end)  # [B]
     if limit is not None:
         space = (limit - committed_len).clamp(min=0)  # [B] slots before the KV room ends
         length = torch.minimum(length, torch.maximum(space, windows.length))  # never grows past the room

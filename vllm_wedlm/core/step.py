@@ -63,8 +63,8 @@ def plan_step(window: Window | None, window_size: int, committed_len: int, limit
     if len(window) > target:
         window = window.truncated(max(target, window.filled_end()))
     else:
-        grow = target - len(window) if space is None else min(target - len(window), space - len(window))
-        window = window.extended(grow, mask_id)
+        end = target if space is None else min(target, space)
+        window = window.extended(end - len(window), mask_id)
     return StepPlan(window=window, order=window.physical_order(), num_commit=num_commit)
 
 
