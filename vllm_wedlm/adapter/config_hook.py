@@ -106,22 +106,25 @@ def graph_sizes(max_tokens: int) -> list[int]:
 
 
 def configure_cuda_graphs(vllm_config: VllmConfig, window_tokens: int) -> None:
-    """Every WeDLM step replays a CUDA graph.
+    """Every WeDLM step replays a whole-step (FULL) CUDA graph where the attention backend allows it.
 
     vLLM's defaults fit AR: graphs up to 2 x max_num_seqs tokens (at most 512), FULL graphs for
-    uniform decode batches and PIECEWISE ones for mixed batches. A WeDLM step forwards up to
-    ``window_tokens`` (every running window, whole), so with the defaults a large batch ran with no
-    graph at all; capture sizes now reach ``window_tokens``. Windows are mixed batches, so they
-    replay PIECEWISE graphs (attention runs outside the graph). ``cudagraph_mode: FULL``
-    (compilation_config) would capture whole steps, but in vLLM 0.26.0 on an H100 (FlashAttention
-    3) its capture failed with an illegal memory access at max_num_seqs 64 (it ran at 1 and 16), so
-    it stays the user's choice. A user's own capture sizes stay too.
+    uniform decode batches and PIECEWISE ones (attention run eagerly between graph pieces) for
+    mixed batches. A WeDLM step forwards up to ``window_tokens`` (every running window, whole) and
+    windows are mixed batches, so with the defaults large batches ran with no graph at all and the
+    rest PIECEWISE. Here capture sizes reach ``window_tokens``, and the mode is ``FULL``: mixed
+    batches replay FULL graphs too (FlashAttention 3 captures any batch; vLLM downgrades the mode
+    itself for a backend that cannot). A user's own mode and capture sizes stay.
     """
+    from vllm.config import CUDAGraphMode
+
     compilation = vllm_config.compilation_config
     if vllm_config.model_config.enforce_eager:
         return
+    if compilation.cudagraph_mode is None:
+        compilation.cudagraph_mode = CUDAGraphMode.FULL
     if compilation.cudagraph_capture_sizes is None and compilation.max_cudagraph_capture_size is None:
         most = min(window_tokens, vllm_config.scheduler_config.max_num_batched_tokens)
         compilation.cudagraph_capture_sizes = graph_sizes(most)
-        logger.info("WeDLM: CUDA graphs for steps of up to %d tokens (%d sizes)", most,
-                    len(compilation.cudagraph_capture_sizes))
+        logger.info("WeDLM: %s CUDA graphs for steps of up to %d tokens (%d sizes)", compilation.cudagraph_mode.name,
+                    most, len(compilation.cudagraph_capture_sizes))

@@ -101,6 +101,25 @@ def _ragged_arange(counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
+def capture_seq_len(num_tokens: int, max_num_seqs: int, max_model_len: int) -> int | None:
+    """The sequence length of the requests of a mixed-batch graph capture of ``num_tokens`` tokens,
+    or None where vLLM's own choice fits.
+
+    vLLM's ``_dummy_run`` splits a mixed batch of ``num_tokens`` over min(num_tokens, max_num_seqs)
+    requests and gives each a sequence of ``num_tokens`` tokens. A WeDLM step carries up to
+    max_num_seqs x 2W tokens, which can exceed ``max_model_len``; such a sequence then reads past
+    its row of the block table (``max_model_len`` tokens of blocks), and a FULL capture, whose
+    attention runs on those lengths, fails with an illegal memory access. The capture's lengths
+    only size its work, so the longest that fits, and still holds each request's own tokens, is
+    used instead.
+    """
+    if num_tokens <= max_model_len:
+        return None
+    requests = min(num_tokens, max_num_seqs)
+    longest_query = num_tokens // requests + num_tokens % requests  # the last request takes the remainder
+    return max(max_model_len, longest_query)
+
+
 class WeDLMRunnerMixin:
     """The WeDLM overrides, on top of vLLM's V1 runner (``GPUModelRunner`` or its CPU subclass).
 
@@ -360,6 +379,13 @@ class WeDLMRunnerMixin:
         accepted = accept_drafts(check_tokens, drafts.to(self.device, non_blocking=True))
         return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
                               check_tokens, window_size, self.wedlm_mask_id)
+
+    def _dummy_run(self, num_tokens: int, *args, **kwargs):
+        # Warm-up and graph capture: mixed batches get sequences that fit the block table.
+        if not (kwargs.get("uniform_decode") or kwargs.get("create_mixed_batch") or kwargs.get("profile_seq_lens")):
+            kwargs["profile_seq_lens"] = capture_seq_len(num_tokens, self.scheduler_config.max_num_seqs,
+                                                         self.max_model_len)
+        return super()._dummy_run(num_tokens, *args, **kwargs)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
