@@ -4,8 +4,11 @@ Each step the engine plans every window with one W chosen from the number of win
 (``WeDLMSettings.step_window_size``), so a request's W changes as others start and finish. The
 engine records the W of each window it plans (``wedlm_trace_window_sizes``); the reference decoder,
 given that sequence, must produce exactly the engine's tokens and forwards, plain and lossless
-requests mixed in one batch. The batch is built so that W really moves both ways: requests finish
-at different times and waiting ones take their place.
+requests mixed in one batch. The batch is built so that W moves both ways whatever the order in
+which requests reach the engine (they arrive over IPC while it already runs): the first request's
+prompt is short and every other one is longer than a step's token budget, so the first request
+starts alone (W 16) and is still running when others have finished their chunked prefills (W down);
+requests finish at different times and waiting ones take their place, and the last ones run alone.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from vllm_wedlm.reference import ReferenceDecoder, StopRule
 
 MAX_WINDOW, WINDOW_TOKENS, TAU = 16, 32, 0.4  # W from 32 // 8 = 4 (a full batch) up to 16 (one request)
 MAX_NUM_SEQS = 8
-PROMPTS = [f"{i}, {i + 1}, {i + 2}, the lamp reads {i * 7} apples" for i in range(14)]
-MAX_TOKENS = [24 + 9 * (i % 5) for i in range(len(PROMPTS))]  # they finish at different steps
+TOKEN_BUDGET = MAX_NUM_SEQS * 2 * MAX_WINDOW  # max_num_batched_tokens: every window fits
+PROMPTS = ["0, 1, 2, the lamp reads 0 apples"] + [
+    ", ".join(f"{k} apples" for k in range(i, i + 100)) + f", the lamp reads {i * 7}" for i in range(1, 14)]
+MAX_TOKENS = [120] + [24 + 9 * (i % 5) for i in range(1, len(PROMPTS))]  # they finish at different steps
 LOSSLESS = [i % 3 == 0 for i in range(len(PROMPTS))]
 
 
@@ -41,13 +46,15 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS,
-                     max_num_batched_tokens=MAX_NUM_SEQS * 2 * MAX_WINDOW) as llm:
+                     max_num_batched_tokens=TOKEN_BUDGET) as llm:
         llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
         forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
         forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
         (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
 
+    # The premise of the W movements asserted below: only the first prompt fits one step's budget.
+    assert [len(o.prompt_token_ids) > TOKEN_BUDGET for o in outputs] == [False] + [True] * (len(PROMPTS) - 1)
     by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
     expected_forwards = 0
     for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
@@ -60,11 +67,12 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint):
         expected_forwards += expected.num_forwards
     assert forwards == expected_forwards
 
-    # W really moved: small with a full batch, the whole window for the last request, and down
-    # again for a running request when a waiting one joined (its window kept its fills).
-    used = {w for sizes in by_request.values() for w in sizes}
-    assert min(used) == WINDOW_TOKENS // MAX_NUM_SEQS and max(used) == MAX_WINDOW and len(used) >= 3, used
-    assert any(b < a for sizes in by_request.values() for a, b in zip(sizes[:-1], sizes[1:], strict=True)), by_request
+    # W really moved: the whole window for the first request, alone, then down as others joined
+    # (its window kept its fills), and up again as the batch emptied.
+    first = by_request[outputs[0].request_id]
+    assert first[0] == MAX_WINDOW and min(first) < MAX_WINDOW, first
+    assert any(a < b for sizes in by_request.values() for a, b in zip(sizes[:-1], sizes[1:], strict=True)), by_request
+    assert len({w for sizes in by_request.values() for w in sizes}) >= 3, by_request
     # And the adaptive window is not the fixed one: at W 16 throughout, requests decode differently.
     fixed = [reference.generate(list(o.prompt_token_ids), StopRule(max_tokens=n), WeDLMParams(TAU, 0.02, lossless=f))
              for o, n, f in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True)]
