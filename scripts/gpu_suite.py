@@ -1,6 +1,6 @@
 """Run the whole test suite on one CUDA GPU in parallel pytest processes that share it.
 
-    python scripts/gpu_suite.py [--jobs 6] [--stop-after 480] [--state /tmp/gpu-suite.json] [--logs DIR]
+    python scripts/gpu_suite.py [--jobs 6] [--stop-after 480] [--state /tmp/gpu-suite.json] [--logs DIR] [--only A,B]
 
 The suite is the same one `scripts/test.sh` runs on a CPU, unchanged. It is cut into units (a test
 file, or for the longest files a -k slice of one), and `--jobs` pytest processes take units from a
@@ -55,9 +55,11 @@ def units() -> list[tuple[str, list[str], float]]:
     return sorted(found, key=lambda unit: -unit[2])
 
 
-def pending(state: dict) -> list[tuple[str, list[str], float]]:
-    """The units still to run: never run, or cut by the time limit."""
-    return [unit for unit in units() if unit[0] not in state or state[unit[0]]["rc"] == "timeout"]
+def pending(state: dict, only: list[str] | None = None) -> list[tuple[str, list[str], float]]:
+    """The units still to run: never run, or cut by the time limit; with ``only``, those of the
+    test files named there (``test_lossless.py`` or ``test_lossless``)."""
+    return [unit for unit in units() if (unit[0] not in state or state[unit[0]]["rc"] == "timeout")
+            and (not only or unit[0].split("[")[0].removesuffix(".py") in only)]
 
 
 def check_slices() -> None:
@@ -139,12 +141,14 @@ def main() -> int:
     parser.add_argument("--logs", type=Path, default=Path("/tmp/gpu-suite-logs"))
     parser.add_argument("--cheapest-first", action="store_true",
                         help="start the cheap units first (the most units done in a short command)")
+    parser.add_argument("--only", help="comma-separated test files: run only their units")
     args = parser.parse_args()
+    only = [name.removesuffix(".py") for name in args.only.split(",")] if args.only else None
     start = time.time()  # the command's clock: --stop-after and --limit count from here
     args.logs.mkdir(parents=True, exist_ok=True)
     check_slices()
     state = json.loads(args.state.read_text()) if args.state.is_file() else {}
-    todo = pending(state)
+    todo = pending(state, only)
     if args.cheapest_first:
         todo.reverse()
     running = {}
@@ -168,9 +172,10 @@ def main() -> int:
                 print(f"{time.time() - start:5.0f}s  {name:55} rc={state[name]['rc']}  {state[name]['seconds']}s  "
                       f"{state[name]['summary']}", flush=True)
     stop_watching.set()
-    remaining = [unit[0] for unit in pending(state)]
+    remaining = [unit[0] for unit in pending(state, only)]
     failed = [name for name, result in state.items() if result["rc"] not in (0, "timeout")]
-    print(f"done {len(units()) - len(remaining)}/{len(units())} units, failed: {failed or 'none'}, "
+    chosen = len(pending({}, only))
+    print(f"done {chosen - len(remaining)}/{chosen} units, failed: {failed or 'none'}, "
           f"remaining: {remaining or 'none'}")
     return 1 if failed else 3 if remaining else 0
 

@@ -15,11 +15,12 @@ from vllm_wedlm.adapter.model_runner import capture_seq_len
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 
 
-def _wedlm_config(**overrides):
+def _wedlm_config(dtype="bfloat16", attention_backend=None, **overrides):
     """vLLM's config of the micro model in WeDLM mode (built on CPU), with a fresh compilation config
     as the config hook sees it on CUDA: nothing chosen yet unless ``overrides`` choose it."""
     config = EngineArgs(model=str(MICRO_CHECKPOINT), max_model_len=512, additional_config={"decoding": "wedlm"},
-                        max_num_seqs=64, max_num_batched_tokens=2048).create_engine_config()
+                        max_num_seqs=64, max_num_batched_tokens=2048, dtype=dtype,
+                        attention_backend=attention_backend).create_engine_config()
     config.compilation_config = CompilationConfig(**overrides)
     config.model_config.enforce_eager = False
     return config
@@ -32,6 +33,18 @@ def test_wedlm_steps_replay_full_graphs_up_to_every_running_window():
     assert compilation.cudagraph_mode == CUDAGraphMode.FULL
     assert compilation.cudagraph_capture_sizes == graph_sizes(2048)
     assert compilation.cudagraph_capture_sizes[-1] == 2048
+
+
+@pytest.mark.parametrize("dtype, backend, full", [
+    ("float16", None, True), ("bfloat16", "FLASH_ATTN", True), ("float32", None, False),
+    ("float32", "FLEX_ATTENTION", False), ("bfloat16", "FLEX_ATTENTION", False), ("bfloat16", "TRITON_ATTN", False)])
+def test_full_graphs_only_with_flash_attention(dtype, backend, full):
+    """FlashAttention is vLLM's own pick for half precision; FlexAttention's FULL capture fails."""
+    config = _wedlm_config(dtype=dtype, attention_backend=backend)
+    configure_cuda_graphs(config, 64 * 32)
+    compilation = config.compilation_config
+    assert compilation.cudagraph_mode == (CUDAGraphMode.FULL if full else None)  # None: vLLM's default
+    assert compilation.cudagraph_capture_sizes == graph_sizes(2048)
 
 
 def test_a_users_graph_mode_and_sizes_stay():

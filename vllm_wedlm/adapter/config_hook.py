@@ -106,25 +106,43 @@ def graph_sizes(max_tokens: int) -> list[int]:
 
 
 def configure_cuda_graphs(vllm_config: VllmConfig, window_tokens: int) -> None:
-    """Every WeDLM step replays a whole-step (FULL) CUDA graph where the attention backend allows it.
+    """Every WeDLM step replays a CUDA graph, a whole-step (FULL) one with FlashAttention.
 
     vLLM's defaults fit AR: graphs up to 2 x max_num_seqs tokens (at most 512), FULL graphs for
     uniform decode batches and PIECEWISE ones (attention run eagerly between graph pieces) for
     mixed batches. A WeDLM step forwards up to ``window_tokens`` (every running window, whole) and
     windows are mixed batches, so with the defaults large batches ran with no graph at all and the
-    rest PIECEWISE. Here capture sizes reach ``window_tokens``, and the mode is ``FULL``: mixed
-    batches replay FULL graphs too (FlashAttention 3 captures any batch; vLLM downgrades the mode
-    itself for a backend that cannot). A user's own mode and capture sizes stay.
+    rest PIECEWISE. Here capture sizes reach ``window_tokens``, and with FlashAttention the mode is
+    ``FULL``, so mixed batches replay FULL graphs too (``full_graph_backend``). A user's own mode and
+    capture sizes stay.
     """
     from vllm.config import CUDAGraphMode
 
     compilation = vllm_config.compilation_config
     if vllm_config.model_config.enforce_eager:
         return
-    if compilation.cudagraph_mode is None:
+    if compilation.cudagraph_mode is None and full_graph_backend(vllm_config):
         compilation.cudagraph_mode = CUDAGraphMode.FULL
     if compilation.cudagraph_capture_sizes is None and compilation.max_cudagraph_capture_size is None:
         most = min(window_tokens, vllm_config.scheduler_config.max_num_batched_tokens)
         compilation.cudagraph_capture_sizes = graph_sizes(most)
-        logger.info("WeDLM: %s CUDA graphs for steps of up to %d tokens (%d sizes)", compilation.cudagraph_mode.name,
-                    most, len(compilation.cudagraph_capture_sizes))
+        mode = "FULL" if compilation.cudagraph_mode == CUDAGraphMode.FULL else "PIECEWISE"
+        logger.info("WeDLM: %s CUDA graphs for steps of up to %d tokens (%d sizes)", mode, most,
+                    len(compilation.cudagraph_capture_sizes))
+
+
+def full_graph_backend(vllm_config: VllmConfig) -> bool:
+    """Whether the engine's attention will be FlashAttention, whose FULL graphs WeDLM steps replay.
+
+    vLLM picks it on its own for float16 and bfloat16 models on the GPUs it supports. Elsewhere
+    vLLM's default mode stays (windows replay PIECEWISE graphs): FlexAttention (which float32
+    engines need for exact results) fails to capture FULL graphs of mixed batches in vLLM 0.26.0
+    (its block mask is built for more KV blocks than a request's row has) and takes 1.6 s per
+    captured size, and no other backend was tried.
+    """
+    import torch
+
+    backend = vllm_config.attention_config.backend
+    if backend is not None:
+        return backend.name == "FLASH_ATTN"
+    return vllm_config.model_config.dtype in (torch.float16, torch.bfloat16)
