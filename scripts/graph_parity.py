@@ -31,15 +31,21 @@ def requests(tokenizer, count: int):
 
     prompts = build(tokenizer, ["arithmetic", "counting", "prose"], count, 0)
     texts = [p.text for kind in prompts for p in take(prompts[kind], count // 3 + 1)][:count]
-    kinds = [
-        {"temperature": 0.0, "extra_args": {"wedlm_entropy_threshold": 0.4}},
-        {"temperature": 0.0, "extra_args": {"wedlm_entropy_threshold": 1.0}},
-        {"temperature": 0.0, "extra_args": {"wedlm_lossless": True}},
-        {"temperature": 0.8, "top_p": 0.9, "seed": 7, "extra_args": {"wedlm_entropy_threshold": 0.4}},
-        {"temperature": 0.0, "extra_args": {"wedlm_decoding": "ar"}},
-    ]
-    params = [SamplingParams(max_tokens=96, **kinds[i % len(kinds)]) for i in range(len(texts))]
+    params = [SamplingParams(max_tokens=96, **KINDS[name]) for name in request_kinds(len(texts))]
     return texts, params
+
+
+KINDS = {
+    "wedlm 0.4": {"temperature": 0.0, "extra_args": {"wedlm_entropy_threshold": 0.4}},
+    "wedlm 1.0": {"temperature": 0.0, "extra_args": {"wedlm_entropy_threshold": 1.0}},
+    "lossless": {"temperature": 0.0, "extra_args": {"wedlm_lossless": True}},
+    "sampled": {"temperature": 0.8, "top_p": 0.9, "seed": 7, "extra_args": {"wedlm_entropy_threshold": 0.4}},
+    "per-request AR": {"temperature": 0.0, "extra_args": {"wedlm_decoding": "ar"}},
+}
+
+
+def request_kinds(count: int) -> list[str]:
+    return [list(KINDS)[i % len(KINDS)] for i in range(count)]
 
 
 def decode(model: str, mode: str | None, texts, params, max_num_seqs: int) -> tuple[list[list[int]], dict]:
@@ -60,6 +66,11 @@ def decode(model: str, mode: str | None, texts, params, max_num_seqs: int) -> tu
         llm.llm_engine.engine_core.shutdown()
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix)."""
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "vllm_wedlm" / "checkpoints" / "micro"))
@@ -73,8 +84,12 @@ def main() -> int:
     piecewise, piecewise_modes = decode(args.model, "FULL_AND_PIECEWISE", texts, params, args.max_num_seqs)
     print(f"steps per graph mode: plugin default {full_modes}, FULL_AND_PIECEWISE {piecewise_modes}")
     differ = [i for i, (a, b) in enumerate(zip(full, piecewise, strict=True)) if a != b]
-    tokens = sum(map(len, full))
-    print(f"{len(texts)} requests, {tokens} tokens: {len(differ)} differ {differ[:10]}")
+    kinds = request_kinds(len(texts))
+    print(f"{len(texts)} requests, {sum(map(len, full))} tokens; requests that differ, by kind:")
+    for name in KINDS:
+        mine = [i for i in differ if kinds[i] == name]
+        where = f" (first different token at {[first_difference(full[i], piecewise[i]) for i in mine]})"
+        print(f"  {name}: {len(mine)} of {kinds.count(name)}" + (where if mine else ""))
     ok = not differ and full_modes.get("FULL", 0) > 0 and piecewise_modes.get("PIECEWISE", 0) > 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -1,6 +1,6 @@
 """The CUDA graph settings of WeDLM mode, checked on CPU with vLLM's own config objects.
 
-A GPU runs them (README, "Testing on a GPU"); here: the mode and sizes the config hook chooses, and
+A GPU runs them (README, "Tests on a GPU"); here: the mode and sizes the config hook chooses, and
 the sequence lengths a graph capture of a mixed batch gets, which must fit the block table.
 """
 
