@@ -126,8 +126,8 @@ def configure_cuda_graphs(vllm_config: VllmConfig, window_tokens: int) -> None:
     if compilation.cudagraph_capture_sizes is None and compilation.max_cudagraph_capture_size is None:
         most = min(window_tokens, vllm_config.scheduler_config.max_num_batched_tokens)
         compilation.cudagraph_capture_sizes = graph_sizes(most)
-        mode = "FULL" if compilation.cudagraph_mode == CUDAGraphMode.FULL else "PIECEWISE"
-        logger.info("WeDLM: %s CUDA graphs for steps of up to %d tokens (%d sizes)", mode, most,
+        mode = compilation.cudagraph_mode.name if compilation.cudagraph_mode else "vLLM's default"
+        logger.info("WeDLM: CUDA graphs (%s) for steps of up to %d tokens (%d sizes)", mode, most,
                     len(compilation.cudagraph_capture_sizes))
 
 
