@@ -213,10 +213,10 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
 
     url, *_, log = setup
     before = prometheus_counters(url, DIFFUSION)
-    # Fill-all windows of 8, 24 tokens: a window's tokens fill in one forward and commit in the
-    # next (their KV is then exact), so: 8 masks (commit 0), then 8 filled + 8 masks (commit 8)
-    # three times (the window keeps its 8 masks past max_tokens, as in WeDLM's engine):
-    # 4 request-forwards of 8 + 16 + 16 + 16 slots.
+    # Fill-all windows of 8, 24 tokens: a window's tokens fill in one forward, are returned then
+    # (every slot before them is decided), and have their KV written in the next forward: 8 masks,
+    # then 8 filled + 8 masks twice (the window keeps its 8 masks, as in WeDLM's engine), and the
+    # last 8 need no forward of their own: 3 request-forwards of 8 + 16 + 16 slots.
     completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)
     deadline = time.monotonic() + 30
     while True:  # the frontend records a step's stats right after handing out its outputs
@@ -225,7 +225,7 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
             break
         time.sleep(0.2)
     totals = {name: value for name, value in delta.items() if name.endswith("_total")}
-    assert totals == {f"{DIFFUSION}denoising_steps_total": 4.0, f"{DIFFUSION}canvas_positions_total": 56.0,
+    assert totals == {f"{DIFFUSION}denoising_steps_total": 3.0, f"{DIFFUSION}canvas_positions_total": 40.0,
                       f"{DIFFUSION}committed_tokens_total": 24.0}
     # vLLM's own stats line (every second here) would call these counts draft acceptance; the
     # WeDLM line replaces it. Wait until vLLM has logged the interval that saw the decoding.
@@ -255,7 +255,7 @@ def test_metrics_are_vllms_own_plus_the_diffusion_counters(setup):
 def test_vllm_bench_serve_reads_the_diffusion_counters(setup, tmp_path):
     """vLLM's own benchmark client runs against a WeDLM server and reports its Diffusion Decoding
     section from the counters: 8 fill-all requests of 24 tokens at W 8 commit 192 tokens in
-    8 x 4 request-forwards over 8 x (8 + 16 + 16 + 16) window slots. vLLM derives "committed per
+    8 x 3 request-forwards over 8 x (8 + 16 + 16) window slots. vLLM derives "committed per
     denoising step" with its block-diffusion formula (a fixed canvas and one extra commit step per
     canvas), which WeDLM's sliding window does not have, so that one figure is not tokens per
     forward; the raw counters are, and /metrics gives it exactly (README, Troubleshooting)."""
@@ -275,10 +275,10 @@ def test_vllm_bench_serve_reads_the_diffusion_counters(setup, tmp_path):
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["completed"] == 8 and result["total_output_tokens"] == 8 * 24
     assert result["diffusion_committed_tokens"] == 8 * 24
-    assert result["diffusion_canvas_positions"] == 8 * (8 + 16 + 16 + 16)
+    assert result["diffusion_canvas_positions"] == 8 * (8 + 16 + 16)
     after = prometheus_counters(url, "vllm:diffusion")
     # The counters also moved by bench's single warm-up request (its own length), so compare
     # tokens per forward of everything since `before`: all fill-all requests of 24 tokens.
     steps = after["vllm:diffusion_num_denoising_steps_total"] - before["vllm:diffusion_num_denoising_steps_total"]
     tokens = after["vllm:diffusion_num_committed_tokens_total"] - before["vllm:diffusion_num_committed_tokens_total"]
-    assert tokens / steps == 24 / 4
+    assert tokens / steps == 24 / 3

@@ -1,16 +1,21 @@
 """The WeDLM overrides of vLLM's V1 model runner, shared by the CPU and GPU workers.
 
-Per step and request, the scheduler hands over either a prefill chunk or a window (its "draft"
-tokens, in the physical order this runner planned). The overrides, in the order vLLM calls them:
+Per step and request, the scheduler hands over either a prefill chunk or a window: its leading
+filled run (tokens already returned to vLLM as output, not yet forwarded) followed by its "draft"
+tokens, the rest of the window, in the physical order this runner planned. The overrides, in the
+order vLLM calls them:
 
 * ``_update_states``: forget the window of finished and new requests. A preempted request keeps
-  its window (filled, uncommitted slots included): vLLM re-prefills its committed tokens, some
-  steps later and perhaps in chunks, and the window resumes exactly where it stopped;
+  its window (filled, unforwarded slots included): vLLM re-prefills its tokens, some steps later
+  and perhaps in chunks, and the window resumes exactly where it stopped;
 * ``_prepare_inputs``: after vLLM computed slots from physical positions, rewrite the RoPE
   positions of window tokens to their logical ones, and ask for the logits of mask rows only;
 * ``_sample``: run ``core`` (entropy, selection, sampling, commit, refill) instead of vLLM's
-  sampler; the committed tokens are the step's sampled tokens, a prefill samples none and, once
-  complete, schedules the request's first window (or the one it had when it was preempted);
+  sampler. A step's sampled tokens are each next window's leading filled run: every slot before
+  them is decided, so they are returned as soon as they are known, one forward before the forward
+  that writes their KV (the same lag as an AR token, streamed the step it is drawn). A prefill
+  samples none and, once complete, schedules the request's first window (or the one it had when
+  it was preempted). Lossless windows return their run once verified, when their KV is written;
 * ``sample_tokens``: attach each request's next window to the output for the scheduler.
 """
 
@@ -48,22 +53,22 @@ if TYPE_CHECKING:
 class RequestState:
     """The runner's state of one request in WeDLM mode, kept from its first step to its end.
 
-    vLLM's scheduler knows a window only as the request's draft tokens, and drops them when it
-    preempts the request (and sets ``num_computed_tokens`` to 0); the committed tokens stay in
-    the request and are re-prefilled. So the window (tokens, which slots are filled, its physical
-    order) lives in the runner's ``WindowTable`` at ``slot`` and survives preemption: the next
-    forward after the re-prefill is the one the request would have run without it, so its output
-    does not depend on preemption.
+    vLLM's scheduler knows a window only as the request's output tokens not yet forwarded (its
+    leading filled run) and its draft tokens; it drops the drafts when it preempts the request
+    (and sets ``num_computed_tokens`` to 0), while the output tokens stay in the request and are
+    re-prefilled. So the window (tokens, which slots are filled, its physical order) lives in the
+    runner's ``WindowTable`` at ``slot`` and survives preemption: the next forward after the
+    re-prefill is the one the request would have run without it, so its output does not depend on
+    preemption.
     """
 
     slot: int
     params: WeDLMParams
     has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
-    # A request that asked for ``wedlm_decoding: "ar"``: no window; its one "draft" is the token
-    # sampled last step, forwarded (and so committed) by the next step, whose row, as in AR
-    # decoding, predicts the token after it. ``next_token`` survives preemption like a window.
+    # A request that asked for ``wedlm_decoding: "ar"``: no window. Each step forwards the tokens
+    # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
+    # token from the last row, as vLLM's own sampler does in --decoding ar.
     autoregressive: bool = False
-    next_token: int | None = None
 
 
 @dataclass
@@ -74,10 +79,10 @@ class StepRows:
     slots: np.ndarray  # int64, WindowTable slot
     autoregressive: np.ndarray  # bool: a request decoded AR on this engine (wedlm_decoding: ar)
     window: np.ndarray  # bool: forwards its WeDLM window
-    ar_decode: np.ndarray  # bool: an AR-decoded request forwarding its last sampled token
-    completes_prefill: np.ndarray  # bool: a prefill chunk that reaches the request's last token
+    completes_prefill: np.ndarray  # bool: forwards up to the request's last token, no window
     lossless: np.ndarray  # bool: a WeDLM request whose fills are verified (WeDLMParams.lossless)
-    first_token: np.ndarray  # bool: draws the request's first token from the prompt's last row (AR, lossless)
+    ar_next: np.ndarray  # bool: draws the next token from its last row (AR requests, every full step)
+    first_token: np.ndarray  # bool: a lossless request draws its first token from the prompt's last row
     committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
     num_logits: np.ndarray  # int64: logits rows: num_checks first rows, then the request's last ones
     num_checks: np.ndarray  # int64: a lossless window's verification rows (its leading run, first rows)
@@ -85,13 +90,13 @@ class StepRows:
     @property
     def num_ar_rows(self) -> np.ndarray:
         """[B] int64: next-token rows among each request's logits rows (the first ones)."""
-        return self.num_checks + (self.ar_decode | self.first_token)
+        return self.num_checks + (self.ar_next | self.first_token)
 
 
 # What a logits row of a step is for.
 _MASK_ROW = 0  # a window's mask row: entropy and a draw for the fill
 _CHECK_ROW = 1  # a lossless window's leading-run row: checks the next fill (core.sampling.verify)
-_AR_NEXT_ROW = 2  # an AR-decoded request's next token
+_AR_NEXT_ROW = 2  # an AR-decoded request's next token (its last row)
 _FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row): its window's slot 0
 
 
@@ -137,6 +142,7 @@ class WeDLMRunnerMixin:
                                        slots=self.max_num_reqs)
         self._wedlm_step: StepRows | None = None
         self._wedlm_next_windows: dict[str, list[int]] = {}
+        self._wedlm_unforwarded: dict[str, int] = {}
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
         # measurements over a chosen set of requests (``LLM.collective_rpc``, see the workers).
         self.wedlm_request_forwards = 0
@@ -190,7 +196,9 @@ class WeDLMRunnerMixin:
         host = self.wedlm_table.host
 
         window = scheduled_drafts & ~autoregressive
-        ar_decode = scheduled_drafts & autoregressive
+        if (scheduled_drafts & autoregressive).any():
+            row = int(np.argmax(scheduled_drafts & autoregressive))
+            raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine got draft tokens")
         wrong = window & (n != host.length[slots])
         if wrong.any():
             row = int(np.argmax(wrong))
@@ -198,20 +206,20 @@ class WeDLMRunnerMixin:
                 f"WeDLM request {req_ids[row]}: {n[row]} tokens scheduled for a window of {host.length[slots[row]]}; "
                 "the token budget must fit every running window "
                 "(max_num_batched_tokens >= max_num_seqs * 2 * window_size)")
-        for row in np.flatnonzero(ar_decode):
-            if n[row] != 1 or states[row].next_token is None:
-                raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine: {n[row]} tokens scheduled for 1")
         completes_prefill = ~scheduled_drafts & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
-        # A request decoded AR, or lossless, draws its first token from the prompt's last row, as
-        # vLLM's sampler would; after a preemption it already holds it (in its window if lossless).
+        # An AR request draws its next token whenever it forwarded all its tokens (its prompt's
+        # last row first, then each last drawn token's), as vLLM's sampler would.
+        ar_next = completes_prefill & autoregressive
+        # A lossless request draws its first token from the prompt's last row too; after a
+        # preemption it already holds it in its window.
         lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
-        first_token = completes_prefill & (autoregressive | lossless)
+        first_token = completes_prefill & lossless
         if first_token.any():
-            first_token &= np.fromiter((s.next_token is None and not s.has_window for s in states), bool, num_reqs)
+            first_token &= np.fromiter((not s.has_window for s in states), bool, num_reqs)
         # Logits rows: a lossless window's leading run (its first rows, checked against the AR
         # prediction), then each request's last rows (a window's masks; an AR request's next token).
         num_checks = np.where(window & lossless, host.num_commit[slots], 0)  # [B]
-        num_last = np.where(window, host.num_masks[slots], (ar_decode | first_token).astype(np.int64))  # [B]
+        num_last = np.where(window, host.num_masks[slots], (ar_next | first_token).astype(np.int64))  # [B]
         num_logits = num_checks + num_last
 
         # RoPE positions: physical (computed + i) everywhere but in windows, whose row i holds slot
@@ -225,8 +233,8 @@ class WeDLMRunnerMixin:
         total = len(positions)
         self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
 
-        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, ar_decode, completes_prefill,
-                                    lossless, first_token, computed + n, num_logits, num_checks)
+        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
+                                    ar_next, first_token, computed + n, num_logits, num_checks)
         k = _ragged_arange(num_logits)  # [N] row index inside each request's logits
         first_rows = np.repeat(starts, num_logits) + k
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
@@ -260,23 +268,28 @@ class WeDLMRunnerMixin:
         states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
 
-        # This step's committed tokens are each window's leading run (a lossless window's first
-        # run of accepted ones, known below), or an AR request's last sampled token.
+        # The windows forwarded now: this forward wrote the KV of each one's leading run (a
+        # lossless window's first run of accepted fills, known below), which the next plan drops.
         w_slots = step.slots[step.window]
         w_checks = step.num_checks[step.window]  # [Bw], > 0 for lossless windows
         lead = host.num_commit[w_slots]  # [Bw]
-        width = max(2, int(lead.max(initial=0)))  # width 1 would keep -1 padding
-        run_ids = host.input_ids[w_slots, :width]  # [Bw, width]: leading runs, before the table moves on
+        lossless_runs = host.input_ids[w_slots[step.lossless[step.window]]]  # [Bl, C]: before the table moves on
         start_len = host.committed_len[w_slots]  # [Bw]
-        ar_committed = [states[row].next_token for row in np.flatnonzero(step.ar_decode)]  # forwarded this step
         self.wedlm_request_forwards += len(w_slots)
 
         autoregressive = step.autoregressive
         new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
         resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
-        ar_next = step.ar_decode | (step.first_token & autoregressive)
-        plan_slots = np.concatenate([w_slots, step.slots[new]])  # [P]
-        window_size = self.wedlm.step_window_size(len(plan_slots))  # W of every window planned now
+        # A plain window's leading run went back to vLLM as output before its forward, so the
+        # re-prefill covered it: such a window resumes one run later, with the same other slots.
+        moved = resumed & ~step.lossless
+        expected_len = host.committed_len[step.slots] + np.where(moved, host.num_commit[step.slots], 0)
+        for row in np.flatnonzero(resumed & (expected_len != step.committed_len)):
+            raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
+                               f"tokens, but its window starts after {expected_len[row]}")
+        plan_slots = np.concatenate([w_slots, step.slots[new], step.slots[moved]])  # [P]
+        num_planned = len(w_slots) + int(new.sum())  # windows planned afresh (not moved)
+        window_size = self.wedlm.step_window_size(num_planned)  # W of every window planned now
         if self.wedlm_window_trace is not None:
             for row in np.flatnonzero(step.window | new):
                 self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
@@ -290,8 +303,8 @@ class WeDLMRunnerMixin:
         verified_commit = w_checks.any()
         if len(plan_slots):
             slots_dev = torch.from_numpy(plan_slots).to(self.device, non_blocking=True)
-            parts = []
-            committed_len = torch.from_numpy(step.committed_len[new]).to(self.device, non_blocking=True)
+            parts, lengths = [], [step.committed_len[new]]
+            sizes: torch.Tensor | int = window_size
             if len(w_slots):
                 ws = slots_dev[: len(w_slots)]
                 planned = table.windows.rows(ws)
@@ -304,8 +317,6 @@ class WeDLMRunnerMixin:
                 parts.append(finish_windows(planned, commit, row_entropy(mask_logits), self._rows(tokens, mask_rows),
                                             table.entropy_threshold[ws], table.pos_penalty[ws], self.wedlm_mask_id,
                                             verified))
-                committed_len = torch.cat([torch.from_numpy(start_len).to(self.device, non_blocking=True) + commit,
-                                           committed_len])
             if new.any():
                 fresh = WindowBatch.empty(int(new.sum()), table.capacity, self.wedlm_mask_id, self.device)
                 lossless_new = step.lossless[new]
@@ -316,9 +327,23 @@ class WeDLMRunnerMixin:
                     fresh.tokens[index, 0] = first
                     fresh.filled[index, 0] = True
                 parts.append(fresh)
-            plan = plan_windows(WindowBatch.cat(parts), window_size, committed_len, self.max_model_len)
+            if moved.any():
+                ms = slots_dev[num_planned:]
+                run = torch.from_numpy(host.num_commit[step.slots[moved]]).to(self.device, non_blocking=True)
+                nothing = torch.zeros(0, device=self.device)
+                parts.append(finish_windows(table.windows.rows(ms), run, nothing, nothing.long(),
+                                            table.entropy_threshold[ms], table.pos_penalty[ms], self.wedlm_mask_id))
+                lengths.append(step.committed_len[moved])
+                # Planned to its own length: the same slots as before the preemption.
+                kept = host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]
+                sizes = torch.from_numpy(np.concatenate([np.full(num_planned, window_size), kept])).to(self.device)
+            committed_len = torch.from_numpy(np.concatenate(lengths)).to(self.device, non_blocking=True)
+            if len(w_slots):
+                committed_len = torch.cat([torch.from_numpy(start_len).to(self.device, non_blocking=True) + commit,
+                                           committed_len])
+            plan = plan_windows(WindowBatch.cat(parts), sizes, committed_len, self.max_model_len)
             device_out.append(table.store(slots_dev, plan).flatten())
-        if ar_next.any():
+        if step.ar_next.any():
             device_out.append(self._rows(tokens, row_kind == _AR_NEXT_ROW))
         # The step's one device-to-host copy.
         received = torch.cat(device_out).cpu().numpy() if device_out else np.zeros(0, np.int64)
@@ -328,28 +353,32 @@ class WeDLMRunnerMixin:
         packet_size = len(plan_slots) * packet_width(table.capacity)
         if len(plan_slots):
             table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1),
-                          np.concatenate([start_len + commit, step.committed_len[new]]))
-        for row, token in zip(np.flatnonzero(ar_next), received[packet_size:].tolist(), strict=True):
-            states[row].next_token = token
+                          np.concatenate([start_len + commit, step.committed_len[new], step.committed_len[moved]]))
+        ar_tokens = received[packet_size:]
 
+        # The step's sampled tokens: a plain window's next leading run (decided now, forwarded
+        # next step), a lossless window's verified run (forwarded now), an AR request's draw.
+        planned_rows = step.window | new | resumed
+        early = planned_rows & ~step.lossless
+        run_len = np.zeros(num_reqs, np.int64)  # [B]
+        run_len[early] = host.num_commit[step.slots[early]]
+        verified_rows = step.window & step.lossless
+        lossless_commit = commit[step.lossless[step.window]]  # [Bl]
+        width = max(2, int(run_len.max(initial=0)), int(lossless_commit.max(initial=0)))  # width 1 keeps -1 padding
+        columns = np.arange(width)
         sampled = np.full((num_reqs, width), -1, dtype=np.int32)
-        sampled[step.window] = np.where(np.arange(width) < commit[:, None], run_ids, -1)
-        sampled[step.ar_decode, 0] = ar_committed
-        next_windows: dict[str, list[int]] = {}
+        sampled[early] = np.where(columns < run_len[early, None], host.input_ids[step.slots[early], :width], -1)
+        sampled[verified_rows] = np.where(columns < lossless_commit[:, None], lossless_runs[:, :width], -1)
+        sampled[step.ar_next, 0] = ar_tokens
         for row in np.flatnonzero(step.window | new):
             states[row].has_window = True
-        for row in np.flatnonzero(resumed):
-            # A re-prefill after preemption: its committed tokens are back in the KV cache, and the
-            # window it had is scheduled again, unchanged.
-            if host.committed_len[step.slots[row]] != step.committed_len[row]:
-                raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
-                                   f"tokens, but its window starts after {host.committed_len[step.slots[row]]}")
-        for row in np.flatnonzero(step.window | new | resumed):
+        next_windows: dict[str, list[int]] = {}
+        for row in np.flatnonzero(planned_rows):
             slot = step.slots[row]
-            next_windows[step.req_ids[row]] = host.input_ids[slot, : host.length[slot]].tolist()
-        for row in np.flatnonzero(ar_next | (step.completes_prefill & autoregressive)):
-            next_windows[step.req_ids[row]] = [states[row].next_token]
+            next_windows[step.req_ids[row]] = host.input_ids[slot, run_len[row]: host.length[slot]].tolist()
         self._wedlm_next_windows = next_windows
+        self._wedlm_unforwarded = {step.req_ids[row]: int(run_len[row])
+                                   for row in np.flatnonzero(step.window & (run_len > 0))}
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=None)
 
@@ -358,8 +387,8 @@ class WeDLMRunnerMixin:
         k = _ragged_arange(step.num_logits)  # [N]
         checking = k < np.repeat(step.num_checks, step.num_logits)
         kind = np.where(checking, _CHECK_ROW, _MASK_ROW).astype(np.int8)
-        kind[np.repeat(step.ar_decode | (step.first_token & step.autoregressive), step.num_logits)] = _AR_NEXT_ROW
-        kind[np.repeat(step.first_token & ~step.autoregressive, step.num_logits)] = _FIRST_TOKEN_ROW
+        kind[np.repeat(step.ar_next, step.num_logits)] = _AR_NEXT_ROW
+        kind[np.repeat(step.first_token, step.num_logits)] = _FIRST_TOKEN_ROW
         return kind
 
     def _rows(self, values: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
@@ -405,7 +434,8 @@ class WeDLMRunnerMixin:
         output = super().sample_tokens(grammar_output)
         if isinstance(output, ModelRunnerOutput):
             values = {f.name: getattr(output, f.name) for f in fields(output)}
-            output = WeDLMRunnerOutput(**values, next_windows=self._wedlm_next_windows)
+            output = WeDLMRunnerOutput(**values, next_windows=self._wedlm_next_windows,
+                                       unforwarded=self._wedlm_unforwarded)
         return output
 
 

@@ -1,12 +1,16 @@
 """vLLM's scheduler, counting WeDLM windows instead of one sampled token per step.
 
-A WeDLM window rides on vLLM's speculative-decoding data path: the window's tokens are the
-request's "draft" tokens, scheduled after its committed tokens, KV written at
-``num_computed_tokens + j``. Two differences from speculative decoding:
+A WeDLM window rides on vLLM's speculative-decoding data path. Its leading filled run is already
+output (the runner returned it the step it was decided, like an AR token the step it is drawn,
+so its KV is still to be written); the rest of the window is the request's "draft" tokens,
+scheduled after it, KV written at ``num_computed_tokens + j``. Differences from speculative
+decoding:
 
-* no step samples a bonus token (``num_sampled_tokens_per_step = 0``): the tokens a step returns
-  are exactly the committed ones, so ``num_computed_tokens`` advances by that count and every
-  other window slot is treated like a rejected draft (scratch, overwritten next step);
+* no step samples a bonus token (``num_sampled_tokens_per_step = 0``);
+* every draft is treated like a rejected one (scratch KV, overwritten next step):
+  ``num_computed_tokens`` advances by the leading run only. vLLM counts a step's sampled tokens
+  as accepted drafts; those that lead the next window (``WeDLMRunnerOutput.unforwarded``) are
+  taken back out. A lossless window's sampled tokens are its verified run, accepted drafts indeed;
 * the next window comes back with the runner's output rather than from a drafter.
 """
 
@@ -20,7 +24,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.config import request_decoding
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -48,9 +51,17 @@ class WeDLMScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.num_sampled_tokens_per_step = 0
         self.commit_stats = CommitStats()
+        self._forwarded: dict[str, int] = {}
         self._last_log = time.monotonic()
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        self._forwarded = scheduler_output.num_scheduled_tokens  # req_id -> window slots forwarded
+        if isinstance(model_runner_output, WeDLMRunnerOutput):
+            # vLLM will count these as accepted drafts (KV written); their KV is written next step.
+            for req_id, count in model_runner_output.unforwarded.items():
+                request = self.requests.get(req_id)
+                if request is not None and not request.is_finished():
+                    request.num_computed_tokens -= count
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
@@ -65,14 +76,12 @@ class WeDLMScheduler(Scheduler):
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
-        # Called once per request whose window was forwarded, with the window's length and the
-        # count committed (before any stop trims it): one request-forward. A request decoded AR
-        # on this engine (its one draft is last step's token) is no WeDLM window: not counted.
-        request = self.requests.get(request_id)
-        if request is not None and request_decoding(request.sampling_params.extra_args) == "ar":
-            return spec_decoding_stats
+        # Called once per request whose window was forwarded (a request decoded AR on this
+        # engine has none), with its draft count and the tokens the step returned (before any
+        # stop trims them): one request-forward.
         self.commit_stats.request_forwards += 1
-        self.commit_stats.window_tokens += num_draft_tokens
+        window_tokens = self._forwarded.get(request_id, num_draft_tokens)  # the leading run, then the drafts
+        self.commit_stats.window_tokens += window_tokens
         self.commit_stats.committed_tokens += num_accepted_tokens
         if not self.log_stats:
             return spec_decoding_stats
@@ -83,7 +92,7 @@ class WeDLMScheduler(Scheduler):
         if spec_decoding_stats is None:
             spec_decoding_stats = SpecDecodingStats.new(0)
         spec_decoding_stats.num_drafts += 1
-        spec_decoding_stats.num_draft_tokens += num_draft_tokens
+        spec_decoding_stats.num_draft_tokens += window_tokens
         spec_decoding_stats.num_accepted_tokens += num_accepted_tokens
         return spec_decoding_stats
 

@@ -107,6 +107,14 @@ class ReferenceDecoder:
             n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
             num_rows = verification_rows(plan.windows, torch.tensor([params.lossless]))  # [1]
             checks = int(num_rows[0])
+            if not params.lossless:
+                # A plain window's leading filled run is decided before its forward (every slot
+                # before it is filled, and fills are never revised): the engine returns it then,
+                # so a stop inside it ends the request without this forward.
+                run = plan.windows.tokens[0, : int(plan.num_commit[0])].tolist()
+                kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
+                if reason is not None:
+                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason)
             logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
             num_forwards += 1
             # The step's logits rows, as the engine takes them: verification rows, then mask rows.
@@ -121,12 +129,12 @@ class ReferenceDecoder:
                 # A rejection cuts the window to the next plan's W (the engine's order).
                 verified, num_commit = verify_windows(plan.windows, num_rows, accepted, tokens[:checks],
                                                       size(num_forwards), self.mask_token_id)
-            for token in plan.windows.tokens[0, : int(num_commit[0])].tolist():  # vLLM's check_stop per token
-                sequence.append(token)
-                if token in stop.stop_token_ids:
-                    return ReferenceOutput(sequence[prompt_len:], num_forwards, "stop")
-                if len(sequence) - prompt_len >= stop.max_tokens or len(sequence) == stop.max_model_len:
-                    return ReferenceOutput(sequence[prompt_len:], num_forwards, "length")
+            if params.lossless:  # its run is known once verified, and returned then
+                run = plan.windows.tokens[0, : int(num_commit[0])].tolist()
+                kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
+                if reason is not None:
+                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason)
+            sequence.extend(run)
             mask_logits = rows[checks:]  # [num_masks, V], own rows, no shift
             windows = finish_windows(plan.windows, num_commit, row_entropy(mask_logits).cpu(), tokens[checks:],
                                      tau, lam, self.mask_token_id, verified)
@@ -144,3 +152,15 @@ class ReferenceDecoder:
         positions = torch.cat([torch.arange(len(sequence), dtype=torch.long), window_positions])
         out = self.model(input_ids=ids[None].to(self.device), position_ids=positions[None].to(self.device))
         return out.logits[0, len(sequence):]
+
+
+def _stop_point(num_output: int, num_tokens: int, run: list[int], stop: StopRule) -> tuple[int, str | None]:
+    """Where ``stop`` ends a request of ``num_output`` output and ``num_tokens`` tokens in all that
+    gets ``run`` next, token by token as vLLM's check_stop does: (tokens of ``run`` kept, "stop"
+    or "length"), or (len(run), None) when it goes on."""
+    for i, token in enumerate(run):
+        if token in stop.stop_token_ids:
+            return i + 1, "stop"
+        if num_output + i + 1 >= stop.max_tokens or num_tokens + i + 1 == stop.max_model_len:
+            return i + 1, "length"
+    return len(run), None
