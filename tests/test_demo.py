@@ -38,6 +38,14 @@ TAU = 0.6  # not the server's default (0.4): the page's threshold control must r
 STARTUP_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
 
+# Records each change of the Run button's disabled state (true = disabled), from before the click.
+WATCH_RUN_BUTTON = """
+const button = document.getElementById("run");
+window.runButtonStates = [];
+new MutationObserver(() => window.runButtonStates.push(button.disabled))
+  .observe(button, {attributes: true, attributeFilter: ["disabled"]});
+"""
+
 # Everything the page shows about one pane, read from its DOM.
 READ_PANES = """
 const read = (mode) => {
@@ -125,9 +133,12 @@ def run_on_page(browser, page: str, prompt: str, tau: float) -> dict:
     threshold = browser.find_element(By.ID, "tau")
     threshold.clear()
     threshold.send_keys(str(tau))
+    # Disabled from the click until both panes and the metrics are done. Recorded by the page
+    # itself: a run that fails fast (a 400) can end before a WebDriver call could look.
+    browser.execute_script(WATCH_RUN_BUTTON)
     run.click()
-    assert not run.is_enabled()  # disabled from the click until both panes and the metrics are done
     WebDriverWait(browser, RUN_TIMEOUT_S).until(lambda _: run.is_enabled())
+    assert browser.execute_script("return window.runButtonStates;") == [True, False]
     return browser.execute_script(READ_PANES)
 
 
