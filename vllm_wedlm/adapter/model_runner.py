@@ -35,6 +35,7 @@ from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 from vllm_wedlm.core.batch import (
     WindowBatch,
+    drop_leading,
     finish_windows,
     leading_filled,
     plan_windows,
@@ -196,8 +197,9 @@ class WeDLMRunnerMixin:
         host = self.wedlm_table.host
 
         window = scheduled_drafts & ~autoregressive
-        if (scheduled_drafts & autoregressive).any():
-            row = int(np.argmax(scheduled_drafts & autoregressive))
+        ar_drafts = scheduled_drafts & autoregressive
+        if ar_drafts.any():
+            row = int(np.argmax(ar_drafts))
             raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine got draft tokens")
         wrong = window & (n != host.length[slots])
         if wrong.any():
@@ -330,9 +332,7 @@ class WeDLMRunnerMixin:
             if moved.any():
                 ms = slots_dev[num_planned:]
                 run = torch.from_numpy(host.num_commit[step.slots[moved]]).to(self.device, non_blocking=True)
-                nothing = torch.zeros(0, device=self.device)
-                parts.append(finish_windows(table.windows.rows(ms), run, nothing, nothing.long(),
-                                            table.entropy_threshold[ms], table.pos_penalty[ms], self.wedlm_mask_id))
+                parts.append(drop_leading(table.windows.rows(ms), run, self.wedlm_mask_id))
                 lengths.append(step.committed_len[moved])
                 # Planned to its own length: the same slots as before the preemption.
                 kept = host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]

@@ -149,13 +149,18 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
         chosen |= fallback[:, None] & (slot == adjusted.argmin(1, keepdim=True))
         tokens = torch.where(chosen, drawn, tokens)
         filled = filled | chosen
-    # Drop the committed run: slot j takes slot j + num_commit; the freed tail becomes padding.
-    shifted = slot + num_commit[:, None]  # [B, C]
+    return drop_leading(WindowBatch(tokens, filled, start.length), num_commit, mask_id)
+
+
+def drop_leading(windows: WindowBatch, count: torch.Tensor, mask_id: int) -> WindowBatch:
+    """Each window without its first ``count`` ([B]) slots: slot j takes slot j + count, and the
+    freed tail becomes padding (the mask id, unfilled)."""
+    shifted = windows.slot_index() + count[:, None]  # [B, C]
     inside = shifted < windows.capacity
     shifted = shifted.clamp(max=windows.capacity - 1)
-    tokens = torch.where(inside, tokens.gather(1, shifted), mask_id)
-    filled = inside & filled.gather(1, shifted)
-    return WindowBatch(tokens, filled, start.length - num_commit)
+    tokens = torch.where(inside, windows.tokens.gather(1, shifted), mask_id)
+    filled = inside & windows.filled.gather(1, shifted)
+    return WindowBatch(tokens, filled, windows.length - count)
 
 
 # Lossless windows (``WeDLMParams.lossless``). Invariant: slot 0 of such a window holds the model's
