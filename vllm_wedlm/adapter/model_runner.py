@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -101,6 +102,10 @@ _AR_NEXT_ROW = 2  # an AR-decoded request's next token (its last row)
 _FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row): its window's slot 0
 
 
+# What ``_calc_spec_decode_metadata`` returns: vLLM's ``_prepare_inputs`` reads only its logits rows.
+_NO_SPEC_DECODE_ROWS = SimpleNamespace(logits_indices=None)
+
+
 def _ragged_arange(counts: np.ndarray) -> np.ndarray:
     """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ... (the index inside each segment)."""
     total = int(counts.sum())
@@ -152,15 +157,6 @@ class WeDLMRunnerMixin:
         # While on (``wedlm_trace_window_sizes``): request id -> the W of each window planned for it,
         # in order (the adaptive window's per-step W, for the reference decoder to replay).
         self.wedlm_window_trace: dict[str, list[int]] | None = None
-        # vLLM's spec-decode bookkeeping (``_calc_spec_decode_metadata``, run by ``_prepare_inputs``
-        # although WeDLM uses none of it) counts each request's drafts plus one bonus row. Speculative
-        # decoding schedules that bonus row as a token; a WeDLM window is drafts only, so a full
-        # batch of full windows (max_num_seqs x 2W = the token budget) counts up to
-        # max_num_tokens + num_reqs rows, past the end of its [max_num_tokens] scratch aranges.
-        rows = self.max_num_tokens + self.max_num_reqs + 1
-        if len(self.arange_np) < rows:
-            self.arange_np = np.arange(rows, dtype=np.int64)  # [rows] 0, 1, 2, ... (read-only source)
-            self._arange_scratch = np.empty(rows, dtype=np.int64)  # [rows]
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
         # Preempted and resumed requests keep their windows (see RequestState). A new request
@@ -243,6 +239,12 @@ class WeDLMRunnerMixin:
         indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
 
+    def _calc_spec_decode_metadata(self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray):
+        # vLLM's speculative-decoding rows (each request's drafts plus a bonus row), device tensors
+        # built by its ``_prepare_inputs`` for a step with drafts; ours replaces them with the WeDLM
+        # step's own logits rows, so they are not built.
+        return _NO_SPEC_DECODE_ROWS
+
     def _sampling_batch(self, counts: np.ndarray, num_ar_rows: np.ndarray) -> SamplingBatch:
         """Per-row sampling settings of ``counts[i]`` ([B]) logits rows of each request of the step, the
         first ``num_ar_rows[i]`` of them next-token rows, from vLLM's input batch."""
@@ -304,8 +306,13 @@ class WeDLMRunnerMixin:
             tokens = sample(logits, self._sampling_batch(step.num_logits, step.num_ar_rows), self.wedlm_mask_id)  # [N]
         verified_commit = w_checks.any()
         if len(plan_slots):
-            slots_dev = torch.from_numpy(plan_slots).to(self.device, non_blocking=True)
-            parts, lengths = [], [step.committed_len[new]]
+            # Tokens before each next window: a window's start moves by its committed run, which the
+            # host knows (its leading run) unless the window is lossless (verified on the device).
+            starts = np.concatenate([start_len if verified_commit else start_len + lead, step.committed_len[new],
+                                     step.committed_len[moved]])  # [P]
+            slots_dev, committed_len = torch.from_numpy(np.stack([plan_slots, starts])).to(
+                self.device, non_blocking=True)  # [2, P]: one copy
+            parts = []
             sizes: torch.Tensor | int = window_size
             if len(w_slots):
                 ws = slots_dev[: len(w_slots)]
@@ -333,14 +340,11 @@ class WeDLMRunnerMixin:
                 ms = slots_dev[num_planned:]
                 run = torch.from_numpy(host.num_commit[step.slots[moved]]).to(self.device, non_blocking=True)
                 parts.append(drop_leading(table.windows.rows(ms), run, self.wedlm_mask_id))
-                lengths.append(step.committed_len[moved])
                 # Planned to its own length: the same slots as before the preemption.
                 kept = host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]
                 sizes = torch.from_numpy(np.concatenate([np.full(num_planned, window_size), kept])).to(self.device)
-            committed_len = torch.from_numpy(np.concatenate(lengths)).to(self.device, non_blocking=True)
-            if len(w_slots):
-                committed_len = torch.cat([torch.from_numpy(start_len).to(self.device, non_blocking=True) + commit,
-                                           committed_len])
+            if verified_commit:
+                committed_len = torch.cat([committed_len[: len(w_slots)] + commit, committed_len[len(w_slots):]])
             plan = plan_windows(WindowBatch.cat(parts), sizes, committed_len, self.max_model_len)
             device_out.append(table.store(slots_dev, plan).flatten())
         if step.ar_next.any():

@@ -39,6 +39,8 @@ class WindowBatch:
 
     @staticmethod
     def cat(parts: list[WindowBatch]) -> WindowBatch:
+        if len(parts) == 1:
+            return parts[0]  # the usual step (windows only): no copy
         return WindowBatch(*(torch.cat([getattr(p, name) for p in parts]) for name in ("tokens", "filled", "length")))
 
     @property
@@ -140,7 +142,7 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
         source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
         entropy = mask_entropy.float()[source]  # [B, C]
         drawn = mask_tokens.long()[source]  # [B, C]
-        fillable = is_mask & ~filled & (slot < start.length[:, None])  # [B, C]
+        fillable = is_mask if verified is None else is_mask & ~filled & (slot < start.length[:, None])  # [B, C]
         first_mask = fillable.to(torch.int8).argmax(1, keepdim=True)  # [B, 1]
         adjusted = entropy + pos_penalty.float()[:, None] * (slot - first_mask).float()
         adjusted = adjusted.masked_fill(~fillable, float("inf"))

@@ -102,7 +102,7 @@ def accept_drafts(tokens: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
 def _distribution(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's argmax [N] and, unless every row is greedy, its distribution [N, V] float32 after
     top-k, top-p and temperature (rows of temperature 0 get temperature 1: their argmax is used)."""
-    logits = logits.float().clone()
+    logits = logits.to(torch.float32, copy=True)  # one copy, written below (bf16 logits: the float cast is it)
     if batch.ban_mask_token is None:
         logits[:, mask_id] = float("-inf")
     else:
@@ -142,7 +142,7 @@ def _top_p_drop(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 def sample_request(logits: torch.Tensor, spec: SamplingSpec, mask_id: int) -> torch.Tensor:
     """[n, V] logits of one request -> [n] int64 tokens: ``sample`` written for one request."""
-    logits = logits.float().clone()
+    logits = logits.to(torch.float32, copy=True)
     if spec.ban_mask_token:
         logits[:, mask_id] = float("-inf")
     if spec.greedy:
