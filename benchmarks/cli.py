@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     _common(p_off)
     p_off.add_argument("--batch-sizes", default="1,8,64")
     p_off.add_argument("--repeats", type=int, default=1, help="timed runs per point (median and spread kept)")
+    p_off.add_argument("--interleave", action="store_true",
+                       help="keep every mode's engine up and alternate the modes repeat by repeat, so that a "
+                       "machine's drift moves them alike (needs the memory of all engines at once)")
     p_on = sub.add_parser("online", help="a real vllm serve under fixed concurrency, streamed")
     _common(p_on)
     p_on.add_argument("--concurrency", default="1,8,64")
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                       window_tokens=args.window_tokens, progress=progress)
         if args.command == "offline":
             rows = offline.run(model, modes, workloads, batch_sizes=_ints(args.batch_sizes),
-                               engine_overrides=_engine_overrides(args), repeats=args.repeats, **common)
+                               engine_overrides=_engine_overrides(args), repeats=args.repeats,
+                               interleave=args.interleave, **common)
         else:
             extra = ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
             if args.gpu_memory_utilization:

@@ -56,52 +56,107 @@ def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool):
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, batch_sizes: list[int],
         max_tokens: list[int], ignore_eos: bool, window_size: int,
-        engine_overrides: dict[str, Any], progress, repeats: int = 1, window_tokens: int | None = None) -> list[dict]:
+        engine_overrides: dict[str, Any], progress, repeats: int = 1, window_tokens: int | None = None,
+        interleave: bool = False) -> list[dict]:
     """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots), each
-    timed ``repeats`` times (median seconds and spread; greedy outputs are the same every time)."""
-    from vllm import LLM
+    timed ``repeats`` times (median seconds and spread; greedy outputs are the same every time).
 
-    rows = []
+    Point by point, every repeat times each mode of an engine in turn. With ``interleave`` every
+    mode's engine is started first and stays up, so a point's repeats alternate between all modes:
+    a machine whose speed drifts over minutes (seen on the GPU machine: AR alone -40% in 15 minutes)
+    then moves every mode alike, and the ratios hold. It needs the memory of all engines at once."""
     settings = [(shots, kind, prompts, limit, batch_size) for shots, workload in workloads.items()
                 for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()]
-    total = len(modes) * len(settings)
-    for group in by_engine(modes).values():
-        llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides, window_tokens))
-        try:
-            warm = take(settings[0][2], max(batch_sizes))
-            llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)
-            for mode in group:
-                counter = ForwardCounter(llm, mode)
-                for shots, kind, prompts, limit, batch_size in settings:
-                    params = sampling_params(mode, limit, ignore_eos)
-                    batch = take(prompts, batch_size)
+    groups = list(by_engine(modes).values())
+    measure = _Measurement(settings, len(modes) * len(settings), repeats, ignore_eos, window_size, window_tokens,
+                           progress)
+    engines = []
+    try:
+        for group in groups:
+            engines.append(_start_engine(model, group, settings, window_size, batch_sizes, engine_overrides,
+                                         window_tokens))
+            if not interleave:
+                measure.run([(group, engines[-1])])
+                _shutdown(engines.pop())
+        if interleave:
+            measure.run(list(zip(groups, engines, strict=True)))
+    finally:
+        for llm in engines:
+            _shutdown(llm)
+    return measure.rows
+
+
+def _start_engine(model: str, group: list[Mode], settings: list, window_size: int, batch_sizes: list[int],
+                  engine_overrides: dict[str, Any], window_tokens: int | None):
+    from vllm import LLM
+
+    llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides, window_tokens))
+    try:
+        warm = take(settings[0][2], max(batch_sizes))
+        llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)
+    except BaseException:
+        _shutdown(llm)
+        raise
+    return llm
+
+
+def _shutdown(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+
+
+class _Measurement:
+    """The rows of every point, timed for the engines given to ``run``."""
+
+    def __init__(self, settings: list, total: int, repeats: int, ignore_eos: bool, window_size: int,
+                 window_tokens: int | None, progress):
+        self.settings, self.total, self.repeats, self.progress = settings, total, repeats, progress
+        self.ignore_eos, self.window_size, self.window_tokens = ignore_eos, window_size, window_tokens
+        self.rows: list[dict] = []
+
+    def run(self, engines: list[tuple[list[Mode], Any]]) -> None:
+        """Every point for the modes of ``engines`` ((modes, their vllm.LLM) pairs)."""
+        runs = [(mode, llm, ForwardCounter(llm, mode)) for group, llm in engines for mode in group]
+        for shots, kind, prompts, limit, batch_size in self.settings:
+            batch = take(prompts, batch_size)
+            times: dict[str, list[float]] = {mode.name: [] for mode, _, _ in runs}
+            forwards = dict.fromkeys(times, 0)
+            steps: dict[str, dict[str, int]] = {name: {} for name in times}  # WeDLM: steps per graph mode
+            outputs = {}
+            for _ in range(self.repeats):
+                for mode, llm, counter in runs:
+                    params = sampling_params(mode, limit, self.ignore_eos)
                     before = counter.snapshot()
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
-                    times = []
-                    for _ in range(repeats):
-                        start = time.perf_counter()
-                        outputs = llm.generate([p.text for p in batch], params, use_tqdm=False)
-                        times.append(time.perf_counter() - start)
-                    seconds = float(np.median(times))
-                    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-                    forwards = counter.forwards(before, counter.snapshot(), tokens * repeats) / repeats
-                    row = {
-                        "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
-                        "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
-                        "window_tokens": window_tokens if mode.decoding == "wedlm" else None,
-                        "requests": len(outputs),
-                        "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
-                        "output_tokens": tokens, "seconds": round(seconds, 4),
-                        "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": repeats,
-                        "output_tok_s": round(tokens / seconds, 2),
-                        "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
-                        "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
-                    }
+                    start = time.perf_counter()
+                    outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
+                    times[mode.name].append(time.perf_counter() - start)
+                    tokens = sum(len(o.outputs[0].token_ids) for o in outputs[mode.name])
+                    forwards[mode.name] += counter.forwards(before, counter.snapshot(), tokens)
                     if mode.decoding == "wedlm":
-                        row["graph_modes"] = graph_modes_since(llm, modes_before)
-                    rows.append(row)
-                    progress(len(rows), total, row)
-        finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-    return rows
+                        for graph, count in graph_modes_since(llm, modes_before).items():
+                            steps[mode.name][graph] = steps[mode.name].get(graph, 0) + count
+            for mode, _, _ in runs:
+                self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
+                          forwards[mode.name] / self.repeats, steps[mode.name])
+
+    def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
+             times: list[float], forwards: float, steps: dict[str, int]) -> None:
+        seconds = float(np.median(times))
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        wedlm = mode.decoding == "wedlm"
+        row = {
+            "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
+            "max_tokens": limit, "window_size": self.window_size if wedlm else None,
+            "window_tokens": self.window_tokens if wedlm else None,
+            "requests": len(outputs),
+            "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
+            "output_tokens": tokens, "seconds": round(seconds, 4),
+            "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": self.repeats,
+            "output_tok_s": round(tokens / seconds, 2),
+            "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
+            "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
+        }
+        if wedlm:
+            row["graph_modes"] = steps
+        self.rows.append(row)
+        self.progress(len(self.rows), self.total, row)

@@ -69,6 +69,15 @@ def test_offline_online_step_cost_and_report(model, tmp_path):
         if row["mode"] == "lossless:inf":  # AR's output, so AR's accuracy
             assert row["accuracy"] == ar[row["kind"], row["batch_size"]]
 
+    # Every engine up at once, repeats alternating between modes: the same counts and outputs.
+    interleaved = bench("offline", *common, "--modes", "ar,wedlm:inf", "--batch-sizes", "1", "--kinds", "arithmetic",
+                        "--repeats", "2", "--interleave", "--json", str(tmp_path / "interleaved.json"))
+    keys = ("mode", "kind", "batch_size", "output_tokens", "tokens_per_forward", "accuracy")
+    assert sorted(tuple(r[k] for k in keys) for r in interleaved["rows"]) == sorted(
+        tuple(r[k] for k in keys) for r in offline["rows"]
+        if r["mode"] in ("ar", "wedlm:inf") and r["kind"] == "arithmetic" and r["batch_size"] == 1)
+    assert {r["repeats"] for r in interleaved["rows"]} == {2}
+
     online = bench("online", *common, "--modes", "ar,wedlm:inf", "--concurrency", "1,2",
                    "--json", str(tmp_path / "online.json"))
     assert len(online["rows"]) == 2 * 2 * 2
