@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     _common(p_on)
     p_on.add_argument("--concurrency", default="1,8,64")
     p_on.add_argument("--log-dir", help="keep the servers' logs here")
+    p_on.add_argument("--interleave", action="store_true",
+                      help="keep every mode's server up and run the modes back to back at each point, so that "
+                      "a machine's drift moves them alike (needs the memory of all servers at once)")
     p_step = sub.add_parser("step-cost", help="time per decoding step on a real-shaped random model")
     p_step.add_argument("--shape", choices=sorted(step_cost.SHAPES), default="qwen3-8b")
     p_step.add_argument("--windows", default="8,16,32")
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.gpu_memory_utilization:
                 extra += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
             rows = online.run(model, modes, workloads, concurrencies=_ints(args.concurrency), requests=args.requests,
-                              serve_extra=extra + _machine_serve_args(), log_dir=args.log_dir, **common)
+                              serve_extra=extra + _machine_serve_args(), log_dir=args.log_dir,
+                              interleave=args.interleave, **common)
         rows = add_ratios_to_ar(rows)
         record.update(model=model)
     record.update(environment=environment(), seconds=round(time.time() - started, 1), rows=rows)

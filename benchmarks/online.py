@@ -13,6 +13,7 @@ import asyncio
 import json
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,43 +96,69 @@ def _tokens_per_forward(mode: Mode, before: dict, after: dict, tokens: int) -> f
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, concurrencies: list[int],
         requests: int, max_tokens: list[int], ignore_eos: bool, window_size: int,
-        serve_extra: list[str], log_dir: Path | None, progress, window_tokens: int | None = None) -> list[dict]:
-    """One row per mode x shots x max_tokens x concurrency x task kind (``workloads``: by shots)."""
-    rows = []
+        serve_extra: list[str], log_dir: Path | None, progress, window_tokens: int | None = None,
+        interleave: bool = False) -> list[dict]:
+    """One row per mode x shots x max_tokens x concurrency x task kind (``workloads``: by shots).
+
+    One server per engine, point by point the modes of a server in turn. With ``interleave`` every
+    server is started first and stays up, so each point runs every mode back to back and a machine
+    whose speed drifts moves them alike (the servers share the machine's memory)."""
     settings = [(shots, kind, prompts, limit, concurrency) for shots, workload in workloads.items()
                 for limit in max_tokens for concurrency in concurrencies for kind, prompts in workload.items()]
     total = len(modes) * len(settings)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="wedlm-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    for engine, group in by_engine(modes).items():
-        args = serve_args(group[0], window_size, max(concurrencies), serve_extra, window_tokens)
-        log = log_dir / f"serve-{engine.replace(':', '-')}.log"
-        with running_server(model, *args, log_path=log) as url:
+    rows: list[dict] = []
+
+    def measure(servers: list[tuple[list[Mode], str]]) -> None:
+        for shots, kind, prompts, limit, concurrency in settings:
+            for group, url in servers:
+                for mode in group:
+                    rows.append(_point(model, url, mode, kind, shots, limit, concurrency,
+                                       take(prompts, max(requests, concurrency)), ignore_eos, window_size,
+                                       window_tokens))
+                    progress(len(rows), total, rows[-1])
+
+    with ExitStack() as stack:
+        live = []  # with interleave: (modes, url) of every server, all up
+        for engine, group in by_engine(modes).items():
+            args = serve_args(group[0], window_size, max(concurrencies), serve_extra, window_tokens)
+            server = ExitStack()
+            stack.callback(server.close)  # a failure anywhere still stops every server
+            url = server.enter_context(running_server(model, *args,
+                                                      log_path=log_dir / f"serve-{engine.replace(':', '-')}.log"))
             warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
             asyncio.run(_load(url, warm, max(concurrencies)))
-            for mode in group:
-                for shots, kind, prompts, limit, concurrency in settings:
-                    batch = take(prompts, max(requests, concurrency))
-                    bodies = [_body(model, p, mode, limit, ignore_eos) for p in batch]
-                    before = prometheus_counters(url, "vllm:")
-                    measured, wall = asyncio.run(_load(url, bodies, concurrency))
-                    tokens = sum(m.tokens for m in measured)
-                    after = _settled_counters(url, before, tokens)
-                    row = {
-                        "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
-                        "max_tokens": limit, "window_size": window_size if mode.decoding == "wedlm" else None,
-                        "window_tokens": window_tokens if mode.decoding == "wedlm" else None,
-                        "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
-                        "output_tok_s": round(tokens / wall, 2),
-                        "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),
-                        "accuracy": accuracy([p.score(m.text) for p, m in zip(batch, measured, strict=True)]),
-                        **percentiles([m.ttft for m in measured], "ttft_s"),
-                        **percentiles([m.latency for m in measured], "latency_s"),
-                        **percentiles([m.tokens / m.latency for m in measured], "request_tok_s"),
-                    }
-                    rows.append(row)
-                    progress(len(rows), total, row)
+            if interleave:
+                live.append((group, url))
+            else:
+                measure([(group, url)])
+                server.close()
+        measure(live)
     return rows
+
+
+def _point(model: str, url: str, mode: Mode, kind: str, shots: int, limit: int, concurrency: int, batch: list[Prompt],
+           ignore_eos: bool, window_size: int, window_tokens: int | None) -> dict:
+    """One mode's row at one point: ``batch`` sent to the server at ``url``, ``concurrency`` at a time."""
+    bodies = [_body(model, p, mode, limit, ignore_eos) for p in batch]
+    before = prometheus_counters(url, "vllm:")
+    measured, wall = asyncio.run(_load(url, bodies, concurrency))
+    tokens = sum(m.tokens for m in measured)
+    after = _settled_counters(url, before, tokens)
+    wedlm = mode.decoding == "wedlm"
+    return {
+        "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
+        "max_tokens": limit, "window_size": window_size if wedlm else None,
+        "window_tokens": window_tokens if wedlm else None,
+        "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
+        "output_tok_s": round(tokens / wall, 2),
+        "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),
+        "accuracy": accuracy([p.score(m.text) for p, m in zip(batch, measured, strict=True)]),
+        **percentiles([m.ttft for m in measured], "ttft_s"),
+        **percentiles([m.latency for m in measured], "latency_s"),
+        **percentiles([m.tokens / m.latency for m in measured], "request_tok_s"),
+    }
 
 
 def _body(model: str, prompt: Prompt, mode: Mode, max_tokens: int, ignore_eos: bool) -> dict:

@@ -84,6 +84,12 @@ def test_offline_online_step_cost_and_report(model, tmp_path):
     check_counts(online["rows"], "concurrency")
     for row in online["rows"]:
         assert 0 < row["ttft_s_p50"] <= row["latency_s_p50"] and row["request_tok_s_p50"] > 0
+    # Both servers up at once, the modes back to back at each point: the same counts and outputs.
+    interleaved = bench("online", *common, "--modes", "ar,wedlm:inf", "--concurrency", "2", "--kinds", "arithmetic",
+                        "--interleave", "--json", str(tmp_path / "online-interleaved.json"))
+    keys = ("mode", "kind", "concurrency", "output_tokens", "tokens_per_forward", "accuracy")
+    assert sorted(tuple(r[k] for k in keys) for r in interleaved["rows"]) == sorted(
+        tuple(r[k] for k in keys) for r in online["rows"] if r["kind"] == "arithmetic" and r["concurrency"] == 2)
 
     step = bench("step-cost", "--shape", "tiny", "--windows", str(W), "--batch-sizes", "1,2", "--taus", "inf",
                  "--prompt-tokens", "16", "--lengths", "8,24", "--workdir", str(tmp_path / "shape"),
