@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -65,43 +66,29 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
     mode's engine is started first and stays up, so a point's repeats alternate between all modes:
     a machine whose speed drifts over minutes (seen on the GPU machine: AR alone -40% in 15 minutes)
     then moves every mode alike, and the ratios hold. It needs the memory of all engines at once."""
-    settings = [(shots, kind, prompts, limit, batch_size) for shots, workload in workloads.items()
-                for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()]
-    groups = list(by_engine(modes).values())
-    measure = _Measurement(settings, len(modes) * len(settings), repeats, ignore_eos, window_size, window_tokens,
-                           progress)
-    engines = []
-    try:
-        for group in groups:
-            engines.append(_start_engine(model, group, settings, window_size, batch_sizes, engine_overrides,
-                                         window_tokens))
-            if not interleave:
-                measure.run([(group, engines[-1])])
-                _shutdown(engines.pop())
-        if interleave:
-            measure.run(list(zip(groups, engines, strict=True)))
-    finally:
-        for llm in engines:
-            _shutdown(llm)
-    return measure.rows
-
-
-def _start_engine(model: str, group: list[Mode], settings: list, window_size: int, batch_sizes: list[int],
-                  engine_overrides: dict[str, Any], window_tokens: int | None):
     from vllm import LLM
 
-    llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides, window_tokens))
-    try:
-        warm = take(settings[0][2], max(batch_sizes))
-        llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)
-    except BaseException:
-        _shutdown(llm)
-        raise
-    return llm
-
-
-def _shutdown(llm) -> None:
-    llm.llm_engine.engine_core.shutdown()
+    settings = [(shots, kind, prompts, limit, batch_size) for shots, workload in workloads.items()
+                for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()]
+    measure = _Measurement(settings, len(modes) * len(settings), repeats, ignore_eos, window_size, window_tokens,
+                           progress)
+    with ExitStack() as stack:
+        live = []  # with interleave: (modes, vllm.LLM) of every engine, all up
+        for group in by_engine(modes).values():
+            engine = ExitStack()
+            stack.callback(engine.close)  # a failure anywhere still stops every engine
+            llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides,
+                                               window_tokens))
+            engine.callback(llm.llm_engine.engine_core.shutdown)
+            warm = take(settings[0][2], max(batch_sizes))
+            llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)
+            if interleave:
+                live.append((group, llm))
+            else:
+                measure.run([(group, llm)])
+                engine.close()
+        measure.run(live)
+    return measure.rows
 
 
 class _Measurement:
