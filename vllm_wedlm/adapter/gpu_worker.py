@@ -7,6 +7,7 @@ breaks torch.compile's autotuning (and anything else timing CUDA events) in a GP
 
 from __future__ import annotations
 
+from vllm.config import CompilationMode
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
@@ -22,3 +23,10 @@ class WeDLMGPUWorker(WeDLMWorkerMixin, Worker):
         super().init_device()
         # The stock runner holds no model yet (weights load later); replace it before that.
         self.model_runner = WeDLMGPUModelRunner(self.vllm_config, self.device)
+
+    def compile_or_warm_up_model(self):
+        times = super().compile_or_warm_up_model()
+        # The step of plain windows is compiled when the model is (not with --enforce-eager).
+        if self.vllm_config.compilation_config.mode == CompilationMode.VLLM_COMPILE:
+            self.model_runner.wedlm_compile_window_step()
+        return times

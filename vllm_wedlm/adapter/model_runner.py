@@ -32,6 +32,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 from vllm_wedlm.core.batch import (
@@ -157,6 +158,16 @@ class WeDLMRunnerMixin:
         # While on (``wedlm_trace_window_sizes``): request id -> the W of each window planned for it,
         # in order (the adaptive window's per-step W, for the reference decoder to replay).
         self.wedlm_window_trace: dict[str, list[int]] | None = None
+        # A step of plain windows' device work (compiled by the GPU worker, see window_step.py).
+        self.wedlm_window_step: Callable = plain_window_step
+
+    def wedlm_compile_window_step(self) -> None:
+        """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
+        compiled the model and captured its graphs."""
+        hidden = torch.zeros(1, self.model_config.get_hidden_size(), dtype=self.dtype, device=self.device)
+        logits = self.model.compute_logits(hidden)  # [1, V]: the dtype the steps' logits have
+        window_size = max(2, self.wedlm.window_size)  # W 1 would be a specialised variant too
+        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits, window_size, self.max_model_len)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
         # Preempted and resumed requests keep their windows (see RequestState). A new request
@@ -312,6 +323,14 @@ class WeDLMRunnerMixin:
                                      step.committed_len[moved]])  # [P]
             slots_dev, committed_len = torch.from_numpy(np.stack([plan_slots, starts])).to(
                 self.device, non_blocking=True)  # [2, P]: one copy
+        if len(plan_slots) and num_rows and step.window.all() and not verified_commit:
+            # Every row is a plain window's mask row: the step's fixed device work, compiled on a GPU.
+            *following, packet = self.wedlm_window_step(
+                table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
+                window_size, self.max_model_len, self.wedlm_mask_id)
+            table.windows.store(slots_dev, WindowBatch(*following))
+            device_out.append(packet.flatten())
+        elif len(plan_slots):
             parts = []
             sizes: torch.Tensor | int = window_size
             if len(w_slots):

@@ -47,6 +47,12 @@ def packet_width(capacity: int) -> int:
     return 2 * capacity + 3
 
 
+def window_packet(plan: BatchPlan) -> torch.Tensor:
+    """[P, packet_width] int64: what the host keeps of each planned window (``HostWindows``)."""
+    counts = torch.stack([plan.windows.length, plan.num_commit, plan.num_masks], dim=1)  # [P, 3]
+    return torch.cat([plan.input_ids, plan.order, counts], dim=1)
+
+
 class WindowTable:
     def __init__(self, capacity: int, mask_id: int, device: torch.device, slots: int = 64):
         self.capacity, self.mask_id, self.device = capacity, mask_id, device
@@ -80,8 +86,7 @@ class WindowTable:
     def store(self, slots: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
         """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet."""
         self.windows.store(slots, plan.windows)
-        counts = torch.stack([plan.windows.length, plan.num_commit, plan.num_masks], dim=1)  # [P, 3]
-        return torch.cat([plan.input_ids, plan.order, counts], dim=1)
+        return window_packet(plan)
 
     def receive(self, slots: np.ndarray, packet: np.ndarray, committed_len: np.ndarray) -> None:
         """Write the host half of ``slots`` ([P]) from a packet that came back ([P, packet_width])."""
