@@ -1,10 +1,14 @@
-"""Where a decoding step's time goes: cProfile of one batch, engine and worker in this process.
+"""Where a decoding step's time goes, engine and worker in this process.
 
     python -m benchmarks.profile_steps --model DIR --decoding wedlm --batch-size 64 --kind arithmetic
+    python -m benchmarks.profile_steps --model DIR --decoding wedlm --batch-size 1 --kernel-time
 
 vLLM runs its engine core and (with one GPU) its worker in this process when
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so Python's profiler sees the scheduler, the model runner
-(our overrides included) and the points where the CPU waits for the GPU.
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``. By default Python's profiler sees the scheduler, the model
+runner (our overrides included) and the points where the CPU waits for the GPU. With
+``--kernel-time`` (GPU) the batch runs once unprofiled for its wall time per step, then once under
+torch's profiler for the GPU's kernel time per step: what of a step the GPU is busy, hence what
+overlapping the host's work with it could save at most.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
+import time
 
 
 def main() -> None:
@@ -25,6 +31,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--kernel-time", action="store_true", help="wall vs GPU kernel time per step (GPU)")
+    parser.add_argument("--json", help="with --kernel-time: write the numbers here")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from transformers import AutoTokenizer
@@ -41,6 +49,9 @@ def main() -> None:
               **engine_kwargs(max_model_len=args.max_model_len))
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
+    if args.kernel_time:
+        _kernel_time(llm, texts, params, args)
+        return
     profiler = cProfile.Profile()
     profiler.enable()
     outputs = llm.generate(texts, params, use_tqdm=False)
@@ -52,6 +63,32 @@ def main() -> None:
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+
+
+def _kernel_time(llm, texts, params, args) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    def steps() -> int | None:  # engine steps so far (WeDLM's runner counts them per graph mode)
+        return sum(llm.collective_rpc("wedlm_graph_modes")[0].values()) if args.decoding == "wedlm" else None
+
+    before = steps()
+    start = time.perf_counter()
+    outputs = llm.generate(texts, params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    after = steps()
+    # AR: one step per token of the longest answer (its prefill step draws the first).
+    num_steps = after - before if after is not None else max(len(o.outputs[0].token_ids) for o in outputs)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(texts, params, use_tqdm=False)
+    kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {"decoding": args.decoding, "batch": args.batch_size, "tokens": tokens, "steps": num_steps,
+              "wall_ms_per_step": wall * 1e3 / num_steps, "gpu_kernel_ms_per_step": kernel_us / 1e3 / num_steps}
+    print(json.dumps(result))
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
