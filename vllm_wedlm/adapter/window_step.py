@@ -60,4 +60,11 @@ def compiled_window_step(table: WindowTable, logits_like: torch.Tensor, window_s
              torch.zeros(windows, dtype=torch.long, device=device), window_size, limit, table.mask_id)
     torch.cuda.synchronize(device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - start)
-    return step
+
+    def run(*args):
+        # A variant not compiled above runs eagerly rather than compiling inside a request's step
+        # (seconds: an H100 run showed two such stalls at batch 1 before this).
+        with torch.compiler.set_stance("eager_on_recompile"):
+            return step(*args)
+
+    return run
