@@ -1,0 +1,79 @@
+"""adapter/window_step.py: the runner's step of plain windows (the function the GPU worker
+compiles) equals the one-request statement of WeDLM's step (core/step.py) for every window of a
+table, and its packet is what the host half of the window table reads.
+
+Random planned windows at scattered slots of a larger table, every window size, tau (including
+None) and lambda, a KV room that cuts some windows short, greedy and sampled draws, chained over
+several steps.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from test_batch_step import M, V, logits_like, random_window
+from vllm_wedlm.adapter.window_step import plain_window_step
+from vllm_wedlm.adapter.window_table import WindowTable
+from vllm_wedlm.core import WeDLMParams, finish_step, plan_step
+from vllm_wedlm.core.batch import WindowBatch
+from vllm_wedlm.core.selection import row_entropy
+
+
+@pytest.mark.parametrize("window_size", [1, 3, 16])
+def test_plain_window_step_equals_per_request_step(window_size):
+    rng = random.Random(window_size)
+    gen = torch.Generator().manual_seed(window_size)
+    batch_size, table_slots = 12, 40
+    table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
+    slots = rng.sample(range(table_slots), batch_size)
+    params = [WeDLMParams(rng.choice([None, 0.05, 0.4, 1.5, 100.0]), rng.choice([0.0, 0.02, 0.5]))
+              for _ in range(batch_size)]
+    for slot, p in zip(slots, params, strict=True):
+        table.set_params(slot, p)
+    committed = [rng.randint(0, 40) for _ in range(batch_size)]
+    limit = max(committed) + window_size + 2  # some windows meet the KV room's end
+    # Each request's planned window, as the previous step left it in the table.
+    plans = [plan_step(None if rng.random() < 0.2 else random_window(rng, min(window_size, limit - c)),
+                       window_size, c, limit, M) for c in committed]
+    for slot, plan in zip(slots, plans, strict=True):
+        n = len(plan.window)
+        table.windows.tokens[slot, :n], table.windows.filled[slot, :n] = plan.window.tokens, plan.window.filled
+        table.windows.length[slot] = n
+
+    slots_t = torch.tensor(slots)
+    for step in range(5):
+        counts = [plan.num_masks for plan in plans]
+        logits = logits_like(rng, gen, sum(counts))  # [N, V]: the mask rows, window by window
+        tokens = torch.randint(0, V, (sum(counts),), generator=gen)  # any draws (a greedy one is one of them)
+        tokens[tokens == M] = 0
+        next_committed = [c + plan.num_commit for c, plan in zip(committed, plans, strict=True)]
+        before = table.windows.tokens.clone()
+        *following, packet = plain_window_step(table.windows, slots_t, logits, tokens, table.entropy_threshold,
+                                               table.pos_penalty, torch.tensor(next_committed), window_size, limit, M)
+        assert torch.equal(table.windows.tokens, before)  # pure: the runner stores the result
+        table.windows.store(slots_t, WindowBatch(*following))
+        table.receive(np.array(slots), packet.numpy(), np.array(next_committed))
+
+        entropy, start = row_entropy(logits), 0
+        for row, (plan, p) in enumerate(zip(plans, params, strict=True)):
+            seg = slice(start, start + counts[row])
+            start += counts[row]
+            expected = plan_step(finish_step(plan, entropy[seg], tokens[seg], p), window_size, next_committed[row],
+                                 limit, M)
+            n, slot = len(expected.window), slots[row]
+            assert table.windows.tokens[slot, :n].tolist() == expected.window.tokens.tolist(), (step, row)
+            assert table.windows.filled[slot, :n].tolist() == expected.window.filled.tolist(), (step, row)
+            assert int(table.windows.length[slot]) == n
+            host = table.host
+            assert host.input_ids[slot, :n].tolist() == expected.input_ids.tolist()
+            assert host.order[slot, :n].tolist() == expected.order.tolist()
+            assert (host.length[slot], host.num_commit[slot], host.num_masks[slot]) == (
+                n, expected.num_commit, expected.num_masks)
+            assert host.committed_len[slot] == next_committed[row]
+            plans[row] = expected
+        committed = next_committed
+    assert sum(committed) > 0
