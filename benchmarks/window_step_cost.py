@@ -14,9 +14,10 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
 
-from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step
+from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step, plan_rows
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.params import WeDLMParams
@@ -27,8 +28,7 @@ MASK_ID, LIMIT = 5, 1024
 
 def _time(step, table: WindowTable, batch: int, logits: torch.Tensor, window_size: int, repeats: int) -> dict:
     device = logits.device
-    slots = torch.arange(batch, device=device)
-    committed = torch.full((batch,), 100, dtype=torch.long, device=device)
+    slots, committed = plan_rows(np.arange(batch), np.full(batch, 100), device)
 
     def run(copy: bool):
         tokens = sample(logits, SamplingBatch(None, None, None, None), MASK_ID)
@@ -73,7 +73,11 @@ def main() -> None:
             generator = torch.Generator(device=device).manual_seed(0)
             logits = 3 * torch.randn(batch * w, vocab, device=device, dtype=torch.bfloat16, generator=generator)
             eager = _time(plain_window_step, table, batch, logits, w, args.repeats)
-            compiled = _time(compiled_window_step(table, logits[:1], w, LIMIT), table, batch, logits, w, args.repeats)
+            def logits_of_rows(rows: int, vocab=vocab) -> torch.Tensor:  # fresh rows, as the step's logits
+                return torch.randn(rows, vocab, device=device, dtype=torch.bfloat16)
+
+            compiled = _time(compiled_window_step(table, logits_of_rows, w, LIMIT), table, batch, logits, w,
+                             args.repeats)
             row = {"vocab": vocab, "batch": batch, "mask_rows": batch * w, "eager": eager, "compiled": compiled}
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from test_batch_step import M, V, logits_like, random_window
-from vllm_wedlm.adapter.window_step import plain_window_step
+from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step, plan_rows
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.core import WeDLMParams, finish_step, plan_step
 from vllm_wedlm.core.batch import WindowBatch
+from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
 
@@ -77,3 +78,42 @@ def test_plain_window_step_equals_per_request_step(window_size):
             plans[row] = expected
         committed = next_committed
     assert sum(committed) > 0
+
+
+def test_start_up_compiles_every_variant_a_step_meets():
+    """``compiled_window_step`` compiles, at start-up, every variant that the runner's steps then
+    call, with the inputs laid out as the runner lays them out (logits a strided view when the
+    vocabulary is padded, slots and starts two rows of one tensor): after it, no step compiles
+    (``fail_on_recompile`` raises if one would), and the compiled step gives the eager one's result.
+    torch.compile with a backend that runs the traced graph as is: dynamo's guards, no C++ compiler."""
+    window_size, padded_vocab, num_compiles = 4, 16, []
+
+    def backend(graph, example_inputs):
+        num_compiles.append(1)
+        return graph.forward
+
+    weight = torch.randn(padded_vocab, 8, generator=torch.Generator().manual_seed(0))
+
+    def logits_of_rows(rows: int) -> torch.Tensor:  # vLLM's lm_head: padded rows, cut to the vocabulary
+        return (torch.randn(rows, 8) @ weight.T)[:, :V]
+
+    rng = random.Random(0)
+    for table_slots in (1, 6):
+        torch._dynamo.reset()
+        table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
+        step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend, stance="fail_on_recompile")
+        warmed = len(num_compiles)
+        for batch in [1, 1, 1, table_slots, 2 if table_slots > 1 else 1]:
+            slots = rng.sample(range(table_slots), batch)
+            for slot in slots:  # a new window of 1, 2 or W masks (1: a step of one logits row)
+                table.windows.tokens[slot], table.windows.filled[slot] = M, False
+                table.windows.length[slot] = rng.choice([1, 2, window_size])
+            num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
+            logits = logits_of_rows(num_masks)
+            tokens = sample(logits, SamplingBatch(None, None, None, None), M)
+            slots_t, committed = plan_rows(np.array(slots), np.full(batch, 10), torch.device("cpu"))
+            args = (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, committed,
+                    window_size, 64, M)
+            compiled, eager = step(*args), plain_window_step(*args)
+            assert all(torch.equal(a, b) for a, b in zip(compiled, eager, strict=True))
+        assert len(num_compiles) == warmed

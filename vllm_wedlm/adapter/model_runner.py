@@ -32,7 +32,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step
+from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step, plan_rows
 from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 from vllm_wedlm.core.batch import (
@@ -164,10 +164,14 @@ class WeDLMRunnerMixin:
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
         compiled the model and captured its graphs."""
-        hidden = torch.zeros(1, self.model_config.get_hidden_size(), dtype=self.dtype, device=self.device)
-        logits = self.model.compute_logits(hidden)  # [1, V]: the dtype the steps' logits have
+        hidden_size = self.model_config.get_hidden_size()
+
+        def logits_of_rows(rows: int) -> torch.Tensor:  # [rows, V], laid out as a step's logits are
+            return self.model.compute_logits(torch.zeros(rows, hidden_size, dtype=self.dtype, device=self.device))
+
         window_size = max(2, self.wedlm.window_size)  # W 1 would be a specialised variant too
-        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits, window_size, self.max_model_len)
+        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_size,
+                                                      self.max_model_len)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
         # Preempted and resumed requests keep their windows (see RequestState). A new request
@@ -321,8 +325,7 @@ class WeDLMRunnerMixin:
             # host knows (its leading run) unless the window is lossless (verified on the device).
             starts = np.concatenate([start_len if verified_commit else start_len + lead, step.committed_len[new],
                                      step.committed_len[moved]])  # [P]
-            slots_dev, committed_len = torch.from_numpy(np.stack([plan_slots, starts])).to(
-                self.device, non_blocking=True)  # [2, P]: one copy
+            slots_dev, committed_len = plan_rows(plan_slots, starts, self.device)  # [P] each, one copy
         if len(plan_slots) and num_rows and step.window.all() and not verified_commit:
             # Every row is a plain window's mask row: the step's fixed device work, compiled on a GPU.
             *following, packet = self.wedlm_window_step(

@@ -15,11 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
+import torch.fx.experimental._config
 from vllm.logger import init_logger
 
 from vllm_wedlm.adapter.window_table import WindowTable, window_packet
 from vllm_wedlm.core.batch import WindowBatch, finish_windows, leading_filled, plan_windows
+from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
 logger = init_logger("vllm.wedlm")
@@ -41,30 +44,45 @@ def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Ten
     return plan.windows.tokens, plan.windows.filled, plan.windows.length, window_packet(plan)
 
 
-def compiled_window_step(table: WindowTable, logits_like: torch.Tensor, window_size: int, limit: int) -> Callable:
+def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots ([P] int64) and start positions ([P] int64) of the windows planned in a step, on the
+    device in one copy: two rows of one tensor."""
+    slots, committed_len = torch.from_numpy(np.stack([plan_slots, starts])).to(device, non_blocking=True)
+    return slots, committed_len
+
+
+def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor], window_size: int,
+                         limit: int, backend: str | Callable = "inductor",
+                         stance: str = "eager_on_recompile") -> Callable:
     """``plain_window_step`` compiled, its variants compiled now rather than in a request's step.
 
-    Sizes 1 are specialised by torch.compile: one window or one mask row compiles apart from
-    larger batches, so both are run here once, on the live table (the function writes nothing).
-    ``logits_like``: a logits row of the model (its dtype)."""
-    start = time.perf_counter()
-    step = torch.compile(plain_window_step, dynamic=True)
-    device = logits_like.device
-    slots_available = len(table.pos_penalty)
-    for windows, masks in ((1, 1), (1, 2), (2, 1)):
-        if windows > slots_available:
-            continue
-        rows = windows * masks
-        step(table.windows, torch.arange(windows, device=device), logits_like[:1].expand(rows, -1).contiguous(),
-             torch.zeros(rows, dtype=torch.long, device=device), table.entropy_threshold, table.pos_penalty,
-             torch.zeros(windows, dtype=torch.long, device=device), window_size, limit, table.mask_id)
-    torch.cuda.synchronize(device)
-    logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - start)
+    torch.compile specialises sizes 1, so one window or one mask row compiles apart from larger
+    batches, and its guards check each input's layout (a view, its strides). So every variant is
+    run here once, on the live table (the function writes nothing). Its inputs are made as the runner
+    makes them: ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
+    (a padded vocabulary makes them a strided view), and the draws, slots and starts come from
+    ``sample`` and ``plan_rows``. After that, the ``stance`` applies: by default a variant not
+    compiled here runs eagerly rather than compiling inside a request's step (seconds: the H100
+    showed two such stalls at batch 1; BENCHMARKS.md 5.4)."""
+    begin = time.perf_counter()
+    step = torch.compile(plain_window_step, dynamic=True, backend=backend)
+    # Without duck shaping: sizes that happen to be equal here (two windows, and the two rows of
+    # plan_rows' tensor) must not become one symbol, which a later step's sizes would break.
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        for windows, masks in ((1, 1), (1, 2), (2, 1)):
+            if windows > len(table.pos_penalty):
+                continue
+            logits = logits_of_rows(windows * masks)
+            tokens = sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
+            slots, committed_len = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
+            step(table.windows, slots, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
+                 window_size, limit, table.mask_id)
+    if table.device.type == "cuda":
+        torch.cuda.synchronize(table.device)
+    logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)
 
     def run(*args):
-        # A variant not compiled above runs eagerly rather than compiling inside a request's step
-        # (seconds: an H100 run showed two such stalls at batch 1 before this).
-        with torch.compiler.set_stance("eager_on_recompile"):
+        with torch.compiler.set_stance(stance):
             return step(*args)
 
     return run
