@@ -84,7 +84,8 @@ def test_start_up_compiles_every_variant_a_step_meets():
     """``compiled_window_step`` compiles, at start-up, every variant that the runner's steps then
     call, with the inputs laid out as the runner lays them out (logits a strided view when the
     vocabulary is padded, slots and starts two rows of one tensor): after it, no step compiles
-    (``fail_on_recompile`` raises if one would), and the compiled step gives the eager one's result.
+    (``fail_on_miss`` raises if one would), and the compiled step gives the eager one's result. The
+    engine's own choice on a miss, eager without compiling, is checked on a variant left out.
     torch.compile with a backend that runs the traced graph as is: dynamo's guards, no C++ compiler."""
     window_size, padded_vocab, num_compiles = 4, 16, []
 
@@ -101,7 +102,7 @@ def test_start_up_compiles_every_variant_a_step_meets():
     for table_slots in (1, 6):
         torch._dynamo.reset()
         table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
-        step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend, stance="fail_on_recompile")
+        step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend, fail_on_miss=True)
         warmed = len(num_compiles)
         for batch in [1, 1, 1, table_slots, 2 if table_slots > 1 else 1]:
             slots = rng.sample(range(table_slots), batch)
@@ -117,3 +118,10 @@ def test_start_up_compiles_every_variant_a_step_meets():
             compiled, eager = step(*args), plain_window_step(*args)
             assert all(torch.equal(a, b) for a, b in zip(compiled, eager, strict=True))
         assert len(num_compiles) == warmed
+
+    # The engine's step on a variant start-up did not compile (float64 logits): eager, no compile.
+    engine_step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend)
+    compiled_so_far = len(num_compiles)
+    args = (*args[:2], args[2].double(), *args[3:])
+    assert all(torch.equal(a, b) for a, b in zip(engine_step(*args), plain_window_step(*args), strict=True))
+    assert len(num_compiles) == compiled_so_far

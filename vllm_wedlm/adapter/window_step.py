@@ -52,22 +52,23 @@ def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) 
 
 
 def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor], window_size: int,
-                         limit: int, backend: str | Callable = "inductor",
-                         stance: str = "eager_on_recompile") -> Callable:
+                         limit: int, backend: str | Callable = "inductor", fail_on_miss: bool = False) -> Callable:
     """``plain_window_step`` compiled, its variants compiled now rather than in a request's step.
 
     torch.compile specialises sizes 1, so one window or one mask row compiles apart from larger
     batches, and its guards check each input's layout (a view, its strides). So every variant is
-    run here once, on the live table (the function writes nothing). Its inputs are made as the runner
+    run here once, on empty windows laid out as ``table``'s (the live table may hold windows whose
+    masks these few rows would not cover). Its inputs are made as the runner
     makes them: ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
     (a padded vocabulary makes them a strided view), and the draws, slots and starts come from
-    ``sample`` and ``plan_rows``. After that, the ``stance`` applies: by default a variant not
-    compiled here runs eagerly rather than compiling inside a request's step (seconds: the H100
-    showed two such stalls at batch 1; BENCHMARKS.md 5.4)."""
+    ``sample`` and ``plan_rows``. After that nothing compiles: a variant not compiled here runs
+    eagerly rather than compiling inside a request's step (seconds: the H100 showed two such
+    stalls at batch 1; BENCHMARKS.md 5.4), or raises with ``fail_on_miss`` (for tests)."""
     begin = time.perf_counter()
     step = torch.compile(plain_window_step, dynamic=True, backend=backend)
     # Without duck shaping: sizes that happen to be equal here (two windows, and the two rows of
     # plan_rows' tensor) must not become one symbol, which a later step's sizes would break.
+    empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
     with torch.fx.experimental._config.patch(use_duck_shape=False):
         for windows, masks in ((1, 1), (1, 2), (2, 1)):
             if windows > len(table.pos_penalty):
@@ -75,14 +76,17 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             logits = logits_of_rows(windows * masks)
             tokens = sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
             slots, committed_len = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
-            step(table.windows, slots, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
-                 window_size, limit, table.mask_id)
+            step(empty, slots, logits, tokens, torch.zeros_like(table.entropy_threshold),
+                 torch.zeros_like(table.pos_penalty), committed_len, window_size, limit, table.mask_id)
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)
 
+    if not fail_on_miss:
+        return torch._dynamo.run(step)  # compiled code where its guards hold, else eager; never compiles
+
     def run(*args):
-        with torch.compiler.set_stance(stance):
+        with torch.compiler.set_stance("fail_on_recompile"):
             return step(*args)
 
     return run
