@@ -4,8 +4,9 @@
 
 What the runner does after the forward of a step whose rows are all plain windows' mask rows:
 greedy draws (eager), ``adapter.window_step.plain_window_step`` (entropy, fills, commit, refill,
-packet; eager or torch.compile'd as the GPU worker does), the table's store, and the packet's one
-device-to-host copy. Random bf16 logits, W 16, for a small and a Qwen3-sized vocabulary.
+packet; eager or torch.compile'd as the GPU worker does) and the packet's one device-to-host copy;
+the table's store (three index writes) is left out, so every repeat steps the same windows. Random
+bf16 logits, W 16, for a small and a Qwen3-sized vocabulary.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
             generator = torch.Generator(device=device).manual_seed(0)
             logits = 3 * torch.randn(batch * w, vocab, device=device, dtype=torch.bfloat16, generator=generator)
             eager = _time(plain_window_step, table, batch, logits, w, args.repeats)
+
             def logits_of_rows(rows: int, vocab=vocab) -> torch.Tensor:  # fresh rows, as the step's logits
                 return torch.randn(rows, vocab, device=device, dtype=torch.bfloat16)
 

@@ -313,21 +313,22 @@ class WeDLMRunnerMixin:
             for row in np.flatnonzero(step.window | new):
                 self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
         num_rows = int(step.num_logits.sum())
-        row_kind = self._row_kinds(step)
+        verified_commit = w_checks.any()
+        # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
+        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit)
+        row_kind = None if plain else self._row_kinds(step)
 
         device_out = []
         tokens = None
         if num_rows:
             tokens = sample(logits, self._sampling_batch(step.num_logits, step.num_ar_rows), self.wedlm_mask_id)  # [N]
-        verified_commit = w_checks.any()
         if len(plan_slots):
             # Tokens before each next window: a window's start moves by its committed run, which the
             # host knows (its leading run) unless the window is lossless (verified on the device).
             starts = np.concatenate([start_len if verified_commit else start_len + lead, step.committed_len[new],
                                      step.committed_len[moved]])  # [P]
             slots_dev, committed_len = plan_rows(plan_slots, starts, self.device)  # [P] each, one copy
-        if len(plan_slots) and num_rows and step.window.all() and not verified_commit:
-            # Every row is a plain window's mask row: the step's fixed device work, compiled on a GPU.
+        if plain:
             *following, packet = self.wedlm_window_step(
                 table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
                 window_size, self.max_model_len, self.wedlm_mask_id)

@@ -58,8 +58,8 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     torch.compile specialises sizes 1, so one window or one mask row compiles apart from larger
     batches, and its guards check each input's layout (a view, its strides). So every variant is
     run here once, on empty windows laid out as ``table``'s (the live table may hold windows whose
-    masks these few rows would not cover). Its inputs are made as the runner
-    makes them: ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
+    masks these few rows would not cover). Its inputs are made as the runner makes them:
+    ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
     (a padded vocabulary makes them a strided view), and the draws, slots and starts come from
     ``sample`` and ``plan_rows``. After that nothing compiles: a variant not compiled here runs
     eagerly rather than compiling inside a request's step (seconds: the H100 showed two such
