@@ -31,8 +31,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to --max-tokens")
     parser.add_argument("--kernel-time", action="store_true", help="wall vs GPU kernel time per step (GPU)")
     parser.add_argument("--json", help="with --kernel-time: write the numbers here")
+    parser.add_argument("--trace", help="with --kernel-time: write the profiled run's timeline here "
+                        "(Chrome trace, Python calls included; .gz to compress)")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from transformers import AutoTokenizer
@@ -47,7 +50,7 @@ def main() -> None:
     texts = [p.text for p in take(prompts, args.batch_size)]
     llm = LLM(args.model, additional_config={"decoding": args.decoding}, max_num_seqs=args.batch_size,
               **engine_kwargs(max_model_len=args.max_model_len))
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
     if args.kernel_time:
         _kernel_time(llm, texts, params, args)
@@ -78,8 +81,10 @@ def _kernel_time(llm, texts, params, args) -> None:
     after = steps()
     # AR: one step per token of the longest answer (its prefill step draws the first).
     num_steps = after - before if after is not None else max(len(o.outputs[0].token_ids) for o in outputs)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=bool(args.trace)) as prof:
         llm.generate(texts, params, use_tqdm=False)
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"decoding": args.decoding, "batch": args.batch_size, "tokens": tokens, "steps": num_steps,
