@@ -29,8 +29,10 @@ MASK_ID, LIMIT = 5, 1024
 
 def _time(step, table: WindowTable, batch: int, logits: torch.Tensor, window_size: int, repeats: int) -> dict:
     device = logits.device
-    slots, committed = plan_rows(np.arange(batch), np.full(batch, 100), device)
+    with torch.inference_mode():
+        slots, committed = plan_rows(np.arange(batch), np.full(batch, 100), device)
 
+    @torch.inference_mode()  # as the runner's step runs, which the compiled function's guards check
     def run(copy: bool):
         tokens = sample(logits, SamplingBatch(None, None, None, None), MASK_ID)
         *following, packet = step(table.windows, slots, logits, tokens, table.entropy_threshold, table.pos_penalty,
@@ -72,7 +74,8 @@ def main() -> None:
                                 torch.zeros(batch, dtype=torch.long, device=device), None)
             table.windows.store(torch.arange(batch, device=device), plan.windows)  # W masks each
             generator = torch.Generator(device=device).manual_seed(0)
-            logits = 3 * torch.randn(batch * w, vocab, device=device, dtype=torch.bfloat16, generator=generator)
+            with torch.inference_mode():  # a step's tensors are made in it (vLLM's execute_model)
+                logits = 3 * torch.randn(batch * w, vocab, device=device, dtype=torch.bfloat16, generator=generator)
             eager = _time(plain_window_step, table, batch, logits, w, args.repeats)
 
             def logits_of_rows(rows: int, vocab=vocab) -> torch.Tensor:  # fresh rows, as the step's logits

@@ -82,16 +82,23 @@ def test_plain_window_step_equals_per_request_step(window_size):
 
 def test_start_up_compiles_every_variant_a_step_meets():
     """``compiled_window_step`` compiles, at start-up, every variant that the runner's steps then
-    call, with the inputs laid out as the runner lays them out (logits a strided view when the
-    vocabulary is padded, slots and starts two rows of one tensor): after it, no step compiles
-    (``fail_on_miss`` raises if one would), and the compiled step gives the eager one's result. The
-    engine's own choice on a miss, eager without compiling, is checked on a variant left out.
-    torch.compile with a backend that runs the traced graph as is: dynamo's guards, no C++ compiler."""
-    window_size, padded_vocab, num_compiles = 4, 16, []
+    call, with the inputs laid out and made as the runner's are (logits a strided view when the
+    vocabulary is padded, slots and starts two rows of one tensor, all made in inference mode, in
+    which vLLM runs a step; the table made outside it or, as a check of the other kind, in it).
+    After it, no step compiles (``fail_on_miss`` raises if one would), every step runs the compiled
+    code, and that gives the eager function's result. The engine's own choice on a miss, eager
+    without compiling, is checked on a variant left out. torch.compile with a backend that runs the
+    traced graph as is: dynamo's guards, no C++ compiler."""
+    window_size, padded_vocab, num_compiles, num_compiled_runs = 4, 16, [], []
 
     def backend(graph, example_inputs):
         num_compiles.append(1)
-        return graph.forward
+
+        def run(*args):
+            num_compiled_runs.append(1)
+            return graph.forward(*args)
+
+        return run
 
     weight = torch.randn(padded_vocab, 8, generator=torch.Generator().manual_seed(0))
 
@@ -99,29 +106,37 @@ def test_start_up_compiles_every_variant_a_step_meets():
         return (torch.randn(rows, 8) @ weight.T)[:, :V]
 
     rng = random.Random(0)
-    for table_slots in (1, 6):
+    for table_slots, table_in_inference_mode in ((1, False), (6, False), (6, True)):
         torch._dynamo.reset()
-        table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
+        with torch.inference_mode(table_in_inference_mode):
+            table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
         step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend, fail_on_miss=True)
         warmed = len(num_compiles)
         for batch in [1, 1, 1, table_slots, 2 if table_slots > 1 else 1]:
             slots = rng.sample(range(table_slots), batch)
-            for slot in slots:  # a new window of 1, 2 or W masks (1: a step of one logits row)
-                table.windows.tokens[slot], table.windows.filled[slot] = M, False
-                table.windows.length[slot] = rng.choice([1, 2, window_size])
-            num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
-            logits = logits_of_rows(num_masks)
-            tokens = sample(logits, SamplingBatch(None, None, None, None), M)
-            slots_t, committed = plan_rows(np.array(slots), np.full(batch, 10), torch.device("cpu"))
-            args = (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, committed,
-                    window_size, 64, M)
-            compiled, eager = step(*args), plain_window_step(*args)
+            with torch.inference_mode():  # the runner's step
+                for slot in slots:  # a new window of 1, 2 or W masks (1: a step of one logits row)
+                    table.windows.tokens[slot], table.windows.filled[slot] = M, False
+                    table.windows.length[slot] = rng.choice([1, 2, window_size])
+                num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
+                logits = logits_of_rows(num_masks)
+                tokens = sample(logits, SamplingBatch(None, None, None, None), M)
+                slots_t, committed = plan_rows(np.array(slots), np.full(batch, 10), torch.device("cpu"))
+                args = (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty,
+                        committed, window_size, 64, M)
+                runs = len(num_compiled_runs)
+                compiled, eager = step(*args), plain_window_step(*args)
+                assert len(num_compiled_runs) == runs + 1  # the compiled code ran, not an eager fallback
             assert all(torch.equal(a, b) for a, b in zip(compiled, eager, strict=True))
         assert len(num_compiles) == warmed
 
     # The engine's step on a variant start-up did not compile (float64 logits): eager, no compile.
     engine_step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend)
-    compiled_so_far = len(num_compiles)
-    args = (*args[:2], args[2].double(), *args[3:])
-    assert all(torch.equal(a, b) for a, b in zip(engine_step(*args), plain_window_step(*args), strict=True))
+    compiled_so_far, runs = len(num_compiles), len(num_compiled_runs)
+    with torch.inference_mode():
+        float64 = (*args[:2], args[2].double(), *args[3:])
+        assert all(torch.equal(a, b) for a, b in zip(engine_step(*float64), plain_window_step(*float64), strict=True))
+        assert len(num_compiled_runs) == runs
+        engine_step(*args)  # a variant it did compile: the compiled code
+        assert len(num_compiled_runs) == runs + 1
     assert len(num_compiles) == compiled_so_far

@@ -61,23 +61,27 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     masks these few rows would not cover). Its inputs are made as the runner makes them:
     ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
     (a padded vocabulary makes them a strided view), and the draws, slots and starts come from
-    ``sample`` and ``plan_rows``. After that nothing compiles: a variant not compiled here runs
+    ``sample`` and ``plan_rows``, in inference mode as a step runs (dynamo guards on it: a warm-up
+    outside it left every GPU step eager). After that nothing compiles: a variant not compiled here runs
     eagerly rather than compiling inside a request's step (seconds: the H100 showed two such
     stalls at batch 1; BENCHMARKS.md 5.4), or raises with ``fail_on_miss`` (for tests)."""
     begin = time.perf_counter()
     step = torch.compile(plain_window_step, dynamic=True, backend=backend)
     # Without duck shaping: sizes that happen to be equal here (two windows, and the two rows of
     # plan_rows' tensor) must not become one symbol, which a later step's sizes would break.
-    empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
-    with torch.fx.experimental._config.patch(use_duck_shape=False):
+    # The guards check inference mode and which inputs were made in it: a step runs in it (vLLM's
+    # execute_model) and makes its own tensors there, the table's were made at the runner's start.
+    with torch.inference_mode(table.windows.tokens.is_inference()):
+        empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
+        tau, lam = torch.zeros_like(table.entropy_threshold), torch.zeros_like(table.pos_penalty)
+    with torch.fx.experimental._config.patch(use_duck_shape=False), torch.inference_mode():
         for windows, masks in ((1, 1), (1, 2), (2, 1)):
             if windows > len(table.pos_penalty):
                 continue
             logits = logits_of_rows(windows * masks)
             tokens = sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
             slots, committed_len = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
-            step(empty, slots, logits, tokens, torch.zeros_like(table.entropy_threshold),
-                 torch.zeros_like(table.pos_penalty), committed_len, window_size, limit, table.mask_id)
+            step(empty, slots, logits, tokens, tau, lam, committed_len, window_size, limit, table.mask_id)
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)
