@@ -11,7 +11,7 @@ import numpy as np
 from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.stats import accuracy
 from benchmarks.workload import Prompt, take
-from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
+from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, window_steps, window_steps_since
 from vllm_wedlm.testing import engine_kwargs
 
 
@@ -108,12 +108,14 @@ class _Measurement:
             times: dict[str, list[float]] = {mode.name: [] for mode, _, _ in runs}
             forwards = dict.fromkeys(times, 0)
             steps: dict[str, dict[str, int]] = {name: {} for name in times}  # WeDLM: steps per graph mode
+            plain_steps = {name: {"compiled": 0, "eager": 0} for name in times}  # WeDLM: window step runs
             outputs = {}
             for _ in range(self.repeats):
                 for mode, llm, counter in runs:
                     params = sampling_params(mode, limit, self.ignore_eos)
                     before = counter.snapshot()
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
+                    plain_before = window_steps(llm) if mode.decoding == "wedlm" else {}
                     start = time.perf_counter()
                     outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
                     times[mode.name].append(time.perf_counter() - start)
@@ -122,12 +124,14 @@ class _Measurement:
                     if mode.decoding == "wedlm":
                         for graph, count in graph_modes_since(llm, modes_before).items():
                             steps[mode.name][graph] = steps[mode.name].get(graph, 0) + count
+                        for kind, count in window_steps_since(llm, plain_before).items():
+                            plain_steps[mode.name][kind] += count
             for mode, _, _ in runs:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
-                          forwards[mode.name] / self.repeats, steps[mode.name])
+                          forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name])
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
-             times: list[float], forwards: float, steps: dict[str, int]) -> None:
+             times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int]) -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -145,5 +149,6 @@ class _Measurement:
         }
         if wedlm:
             row["graph_modes"] = steps
+            row["window_steps"] = plain_steps  # steps of plain windows: device work compiled / eager
         self.rows.append(row)
         self.progress(len(self.rows), self.total, row)

@@ -89,6 +89,8 @@ def _kernel_time(llm, texts, params, args) -> None:
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"decoding": args.decoding, "batch": args.batch_size, "tokens": tokens, "steps": num_steps,
               "wall_ms_per_step": wall * 1e3 / num_steps, "gpu_kernel_ms_per_step": kernel_us / 1e3 / num_steps}
+    if args.decoding == "wedlm":  # both runs: were the window steps' device work compiled?
+        result["window_steps"] = llm.collective_rpc("wedlm_window_steps")[0]
     print(json.dumps(result))
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
     if args.json:

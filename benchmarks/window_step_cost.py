@@ -81,7 +81,7 @@ def main() -> None:
             def logits_of_rows(rows: int, vocab=vocab) -> torch.Tensor:  # fresh rows, as the step's logits
                 return torch.randn(rows, vocab, device=device, dtype=torch.bfloat16)
 
-            compiled = _time(compiled_window_step(table, logits_of_rows, w, LIMIT), table, batch, logits, w,
+            compiled = _time(compiled_window_step(table, logits_of_rows, (w,), LIMIT), table, batch, logits, w,
                              args.repeats)
             row = {"vocab": vocab, "batch": batch, "mask_rows": batch * w, "eager": eager, "compiled": compiled}
             print(json.dumps(row), flush=True)

@@ -18,6 +18,7 @@ from conftest import build_checkpoint
 from engines import running_llm
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.evaluation import window_steps
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
@@ -39,6 +40,7 @@ def checkpoint_root(tmp_path_factory):
 @pytest.mark.parametrize("variant,scale,window", CASES, ids=[f"{v}-scale{s:g}-W{w}" for v, s, w in CASES])
 def test_engine_equals_reference(checkpoint_root, variant, scale, window):
     from vllm import SamplingParams
+    from vllm.config import CompilationMode
 
     path = build_checkpoint(checkpoint_root, TinySpec(variant=variant, logit_scale=scale))
     combos = list(itertools.product(TAUS, LAMBDAS, PROMPTS))
@@ -48,6 +50,12 @@ def test_engine_equals_reference(checkpoint_root, variant, scale, window):
     config = {"decoding": "wedlm", "window_size": window}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         outputs = llm.generate([p for *_, p in combos], params, use_tqdm=False)
+        plain_steps = window_steps(llm)
+        compiles = llm.llm_engine.vllm_config.compilation_config.mode == CompilationMode.VLLM_COMPILE
+    # Steps of plain windows ran their device work compiled where the engine compiles (a GPU
+    # without --enforce-eager: start-up compiled every variant they met), else eagerly.
+    ran, never = ("compiled", "eager") if compiles else ("eager", "compiled")
+    assert plain_steps[ran] > 0 and plain_steps[never] == 0, plain_steps
 
     reference = ReferenceDecoder(load_transformers_model(path), WeDLMConfig.from_pretrained(path).mask_token_id, window)
     forwards = {}

@@ -10,6 +10,7 @@ several steps.
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_start_up_compiles_every_variant_a_step_meets():
         torch._dynamo.reset()
         with torch.inference_mode(table_in_inference_mode):
             table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
-        step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend, fail_on_miss=True)
+        step = compiled_window_step(table, logits_of_rows, (1, window_size), 64, backend=backend, fail_on_miss=True)
         warmed = len(num_compiles)
         for batch in [1, 1, 1, table_slots, 2 if table_slots > 1 else 1]:
             slots = rng.sample(range(table_slots), batch)
@@ -122,21 +123,25 @@ def test_start_up_compiles_every_variant_a_step_meets():
                 logits = logits_of_rows(num_masks)
                 tokens = sample(logits, SamplingBatch(None, None, None, None), M)
                 slots_t, committed = plan_rows(np.array(slots), np.full(batch, 10), torch.device("cpu"))
+                next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
                 args = (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty,
-                        committed, window_size, 64, M)
+                        committed, next_window_size, 64, M)
                 runs = len(num_compiled_runs)
                 compiled, eager = step(*args), plain_window_step(*args)
                 assert len(num_compiled_runs) == runs + 1  # the compiled code ran, not an eager fallback
             assert all(torch.equal(a, b) for a, b in zip(compiled, eager, strict=True))
         assert len(num_compiles) == warmed
 
-    # The engine's step on a variant start-up did not compile (float64 logits): eager, no compile.
-    engine_step = compiled_window_step(table, logits_of_rows, window_size, 64, backend=backend)
-    compiled_so_far, runs = len(num_compiles), len(num_compiled_runs)
+    # The engine's step on a variant start-up did not compile (float64 logits): eager, no compile,
+    # and not counted as compiled.
+    runs = Counter()
+    engine_step = compiled_window_step(table, logits_of_rows, (1, window_size), 64, backend=backend, runs=runs)
+    compiled_so_far, compiled_runs = len(num_compiles), len(num_compiled_runs)
+    assert runs == {"compiled": 0}  # the warm-up's runs are not counted
     with torch.inference_mode():
         float64 = (*args[:2], args[2].double(), *args[3:])
         assert all(torch.equal(a, b) for a, b in zip(engine_step(*float64), plain_window_step(*float64), strict=True))
-        assert len(num_compiled_runs) == runs
+        assert len(num_compiled_runs) == compiled_runs and runs["compiled"] == 0
         engine_step(*args)  # a variant it did compile: the compiled code
-        assert len(num_compiled_runs) == runs + 1
+        assert len(num_compiled_runs) == compiled_runs + 1 and runs["compiled"] == 1
     assert len(num_compiles) == compiled_so_far

@@ -95,6 +95,20 @@ def graph_modes_since(llm, before: dict[str, int]) -> dict[str, int]:
             if count > before.get(mode, 0)}
 
 
+def window_steps(llm) -> dict[str, int]:
+    """Steps of plain windows a WeDLM ``vllm.LLM`` has run so far with their device work compiled
+    and eagerly (``adapter/window_step.py``), summed over its workers."""
+    total = {"compiled": 0, "eager": 0}
+    for counts in llm.collective_rpc("wedlm_window_steps"):
+        for kind, count in counts.items():
+            total[kind] += count
+    return total
+
+
+def window_steps_since(llm, before: dict[str, int]) -> dict[str, int]:
+    return {kind: count - before.get(kind, 0) for kind, count in window_steps(llm).items()}
+
+
 def trained_max_number(model: str) -> int:
     """The number range a model was trained on (its training.json), else the generator's default:
     held-out tasks must come from the distribution the model learned."""

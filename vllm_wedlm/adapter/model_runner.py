@@ -158,8 +158,10 @@ class WeDLMRunnerMixin:
         # While on (``wedlm_trace_window_sizes``): request id -> the W of each window planned for it,
         # in order (the adaptive window's per-step W, for the reference decoder to replay).
         self.wedlm_window_trace: dict[str, list[int]] | None = None
-        # A step of plain windows' device work (compiled by the GPU worker, see window_step.py).
+        # A step of plain windows' device work (compiled by the GPU worker, see window_step.py);
+        # "steps" counts its calls, "compiled" those that ran compiled code.
         self.wedlm_window_step: Callable = plain_window_step
+        self.wedlm_window_step_runs: Counter[str] = Counter()
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
@@ -169,9 +171,11 @@ class WeDLMRunnerMixin:
         def logits_of_rows(rows: int) -> torch.Tensor:  # [rows, V], laid out as a step's logits are
             return self.model.compute_logits(torch.zeros(rows, hidden_size, dtype=self.dtype, device=self.device))
 
-        window_size = max(2, self.wedlm.window_size)  # W 1 would be a specialised variant too
-        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_size,
-                                                      self.max_model_len)
+        window_sizes = {self.wedlm.window_size}
+        if self.wedlm.window_tokens is not None:
+            window_sizes.add(1)  # the adaptive window may shrink to 1, a variant of its own
+        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_sizes,
+                                                      self.max_model_len, runs=self.wedlm_window_step_runs)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
         # Preempted and resumed requests keep their windows (see RequestState). A new request
@@ -329,6 +333,7 @@ class WeDLMRunnerMixin:
                                      step.committed_len[moved]])  # [P]
             slots_dev, committed_len = plan_rows(plan_slots, starts, self.device)  # [P] each, one copy
         if plain:
+            self.wedlm_window_step_runs["steps"] += 1
             *following, packet = self.wedlm_window_step(
                 table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
                 window_size, self.max_model_len, self.wedlm_mask_id)
@@ -476,6 +481,12 @@ class WeDLMWorkerMixin:
     def wedlm_graph_modes(self) -> dict[str, int]:
         """Steps run per CUDA graph mode so far: ``llm.collective_rpc("wedlm_graph_modes")``."""
         return dict(self.model_runner.wedlm_graph_modes)
+
+    def wedlm_window_steps(self) -> dict[str, int]:
+        """Steps of plain windows so far whose device work ran compiled and eagerly (the GPU worker
+        compiles it; a variant start-up missed runs eagerly): ``llm.collective_rpc("wedlm_window_steps")``."""
+        runs = self.model_runner.wedlm_window_step_runs
+        return {"compiled": runs["compiled"], "eager": runs["steps"] - runs["compiled"]}
 
     def wedlm_trace_window_sizes(self, on: bool) -> dict[str, list[int]]:
         """Start (``on``) or stop recording the window size W of every window planned, per request

@@ -12,8 +12,10 @@ functions, which the reference decoder runs eagerly; the CPU runs it eagerly too
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -51,12 +53,14 @@ def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) 
     return slots, committed_len
 
 
-def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor], window_size: int,
-                         limit: int, backend: str | Callable = "inductor", fail_on_miss: bool = False) -> Callable:
+def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor],
+                         window_sizes: Iterable[int], limit: int, backend: str | Callable = "inductor",
+                         fail_on_miss: bool = False, runs: Counter | None = None) -> Callable:
     """``plain_window_step`` compiled, its variants compiled now rather than in a request's step.
 
-    torch.compile specialises sizes 1, so one window or one mask row compiles apart from larger
-    batches, and its guards check each input's layout (a view, its strides). So every variant is
+    torch.compile specialises sizes 1, so one window, one mask row or W 1 compiles apart from larger
+    ones, and its guards check each input's layout (a view, its strides). ``window_sizes``: the W
+    the steps will use (1 is a variant of its own; any other stands for all but 1). So every variant is
     run here once, on empty windows laid out as ``table``'s (the live table may hold windows whose
     masks these few rows would not cover). Its inputs are made as the runner makes them:
     ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
@@ -64,9 +68,12 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     ``sample`` and ``plan_rows``, in inference mode as a step runs (dynamo guards on it: a warm-up
     outside it left every GPU step eager). After that nothing compiles: a variant not compiled here runs
     eagerly rather than compiling inside a request's step (seconds: the H100 showed two such
-    stalls at batch 1; BENCHMARKS.md 5.4), or raises with ``fail_on_miss`` (for tests)."""
+    stalls at batch 1; BENCHMARKS.md 5.4), or raises with ``fail_on_miss`` (for tests).
+    ``runs["compiled"]`` counts the calls after start-up that ran compiled code (an eager fallback
+    is silent otherwise)."""
     begin = time.perf_counter()
-    step = torch.compile(plain_window_step, dynamic=True, backend=backend)
+    runs = Counter() if runs is None else runs
+    step = torch.compile(plain_window_step, dynamic=True, backend=_counting(backend, runs))
     # Without duck shaping: sizes that happen to be equal here (two windows, and the two rows of
     # plan_rows' tensor) must not become one symbol, which a later step's sizes would break.
     # The guards check inference mode and which inputs were made in it: a step runs in it (vLLM's
@@ -75,8 +82,8 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
         empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
         tau, lam = torch.zeros_like(table.entropy_threshold), torch.zeros_like(table.pos_penalty)
     with torch.fx.experimental._config.patch(use_duck_shape=False), torch.inference_mode():
-        for windows, masks in ((1, 1), (1, 2), (2, 1)):
-            if windows > len(table.pos_penalty):
+        for window_size, windows, masks in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2)):
+            if windows > len(table.pos_penalty) or masks > window_size or windows == masks == 2:
                 continue
             logits = logits_of_rows(windows * masks)
             tokens = sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
@@ -85,6 +92,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)
+    runs["compiled"] = 0  # the warm-up's runs are not steps
 
     if not fail_on_miss:
         return torch._dynamo.run(step)  # compiled code where its guards hold, else eager; never compiles
@@ -94,3 +102,21 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             return step(*args)
 
     return run
+
+
+def _counting(backend: str | Callable, runs: Counter) -> Callable:
+    """``backend`` (a torch.compile backend), its compiled graphs counting their calls in
+    ``runs["compiled"]``."""
+    compile_graph = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+
+    def compile_counted(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        compiled = compile_graph(graph, example_inputs)
+
+        def run(*args):
+            runs["compiled"] += 1
+            return compiled(*args)
+
+        run._boxed_call = getattr(compiled, "_boxed_call", False)  # called as the compiled function is
+        return run
+
+    return compile_counted
