@@ -124,8 +124,8 @@ class _Measurement:
                     if mode.decoding == "wedlm":
                         for graph, count in graph_modes_since(llm, modes_before).items():
                             steps[mode.name][graph] = steps[mode.name].get(graph, 0) + count
-                        for kind, count in window_steps_since(llm, plain_before).items():
-                            plain_steps[mode.name][kind] += count
+                        for how, count in window_steps_since(llm, plain_before).items():
+                            plain_steps[mode.name][how] += count
             for mode, _, _ in runs:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
                           forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name])

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import build_checkpoint
 from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.testing import on_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 W, MAX_TOKENS = 4, 16
@@ -64,6 +65,12 @@ def test_offline_online_step_cost_and_report(model, tmp_path):
     assert len(offline["rows"]) == 5 * 2 * 2
     check_counts(offline["rows"], "batch_size")
     assert {r["accuracy"] is not None for r in offline["rows"]} == {True}  # both kinds are scored
+    # Each WeDLM row counts its steps of plain windows: compiled where the engine compiles (a GPU
+    # without --enforce-eager), else eager.
+    ran, never = ("compiled", "eager") if on_gpu() else ("eager", "compiled")
+    for row in offline["rows"]:
+        if row["mode"].startswith("wedlm"):
+            assert row["window_steps"][ran] > 0 and row["window_steps"][never] == 0, row
     ar = {(r["kind"], r["batch_size"]): r["accuracy"] for r in offline["rows"] if r["mode"] == "ar"}
     for row in offline["rows"]:
         if row["mode"] == "lossless:inf":  # AR's output, so AR's accuracy
