@@ -71,8 +71,10 @@ def main() -> None:
 def _kernel_time(llm, texts, params, args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
+    from vllm_wedlm.evaluation import graph_modes, window_steps
+
     def steps() -> int | None:  # engine steps so far (WeDLM's runner counts them per graph mode)
-        return sum(llm.collective_rpc("wedlm_graph_modes")[0].values()) if args.decoding == "wedlm" else None
+        return sum(graph_modes(llm).values()) if args.decoding == "wedlm" else None
 
     before = steps()
     start = time.perf_counter()
@@ -90,7 +92,7 @@ def _kernel_time(llm, texts, params, args) -> None:
     result = {"decoding": args.decoding, "batch": args.batch_size, "tokens": tokens, "steps": num_steps,
               "wall_ms_per_step": wall * 1e3 / num_steps, "gpu_kernel_ms_per_step": kernel_us / 1e3 / num_steps}
     if args.decoding == "wedlm":  # both runs: were the window steps' device work compiled?
-        result["window_steps"] = llm.collective_rpc("wedlm_window_steps")[0]
+        result["window_steps"] = window_steps(llm)
     print(json.dumps(result))
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
     if args.json:

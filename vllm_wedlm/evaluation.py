@@ -81,13 +81,18 @@ def request_forwards(llm) -> int:
     return sum(llm.collective_rpc("wedlm_request_forwards"))
 
 
+def _summed_counts(llm, method: str) -> dict[str, int]:
+    """The counts each worker's ``method`` returns ({name: count}), summed over the workers."""
+    total: dict[str, int] = {}
+    for counts in llm.collective_rpc(method):
+        for name, count in counts.items():
+            total[name] = total.get(name, 0) + count
+    return total
+
+
 def graph_modes(llm) -> dict[str, int]:
     """Steps a WeDLM ``vllm.LLM`` has run so far per CUDA graph mode (FULL, PIECEWISE, NONE = eager)."""
-    total: dict[str, int] = {}
-    for counts in llm.collective_rpc("wedlm_graph_modes"):
-        for mode, count in counts.items():
-            total[mode] = total.get(mode, 0) + count
-    return total
+    return _summed_counts(llm, "wedlm_graph_modes")
 
 
 def graph_modes_since(llm, before: dict[str, int]) -> dict[str, int]:
@@ -98,11 +103,7 @@ def graph_modes_since(llm, before: dict[str, int]) -> dict[str, int]:
 def window_steps(llm) -> dict[str, int]:
     """Steps of plain windows a WeDLM ``vllm.LLM`` has run so far with their device work compiled
     and eagerly (``adapter/window_step.py``), summed over its workers."""
-    total = {"compiled": 0, "eager": 0}
-    for counts in llm.collective_rpc("wedlm_window_steps"):
-        for kind, count in counts.items():
-            total[kind] += count
-    return total
+    return _summed_counts(llm, "wedlm_window_steps")
 
 
 def window_steps_since(llm, before: dict[str, int]) -> dict[str, int]:

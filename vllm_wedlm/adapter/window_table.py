@@ -78,14 +78,12 @@ class WindowTable:
     def _grow(self) -> None:
         # Inside a step (inference mode) too, the grown tensors keep the kind the table was made
         # with: the compiled window step's guards check it (adapter/window_step.py).
-        with torch.inference_mode(self.windows.tokens.is_inference()):
-            self._grow_tensors()
-
-    def _grow_tensors(self) -> None:
         old = len(self.pos_penalty)
-        self.windows = WindowBatch.cat([self.windows, WindowBatch.empty(old, self.capacity, self.mask_id, self.device)])
-        self.entropy_threshold = torch.cat([self.entropy_threshold, torch.zeros_like(self.entropy_threshold)])
-        self.pos_penalty = torch.cat([self.pos_penalty, torch.zeros_like(self.pos_penalty)])
+        with torch.inference_mode(self.windows.tokens.is_inference()):
+            self.windows = WindowBatch.cat([self.windows, WindowBatch.empty(old, self.capacity, self.mask_id,
+                                                                            self.device)])
+            self.entropy_threshold = torch.cat([self.entropy_threshold, torch.zeros_like(self.entropy_threshold)])
+            self.pos_penalty = torch.cat([self.pos_penalty, torch.zeros_like(self.pos_penalty)])
         self.host = self.host.grown(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
