@@ -131,6 +131,37 @@ def test_preemption_and_chunked_prefill_change_nothing(sharp):
         assert list(out.outputs[0].token_ids) == expected.token_ids
 
 
+@pytest.fixture(scope="module")
+def budget_64(sharp):
+    # Without prefix caching: each test's prompt is computed whole, not from an earlier one's KV.
+    with running_llm(sharp[0], dtype="float32", additional_config=WEDLM, max_model_len=MAX_MODEL_LEN,
+                     max_num_batched_tokens=64, enable_chunked_prefill=True, block_size=16,
+                     enable_prefix_caching=False) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize(("prompt_tokens", "prefill_only_steps"), [(10, 0), (100, 1), (128, 2)])
+def test_a_first_window_rides_with_the_end_of_its_prompt(sharp, budget_64, prompt_tokens, prefill_only_steps):
+    """The forward that ends a prompt's prefill carries the request's first window
+    (adapter/scheduler.py), so the prefill costs no step of its own: with a token budget of 64,
+    a 10-token prompt takes no step without a window, a 100-token one one (its first chunk), and a
+    128-token one two, its last chunk leaving no room (the window comes the step after, as before).
+    The tokens stay the reference decoder's, which forwards the first window after the prefill."""
+    from vllm_wedlm.evaluation import graph_modes, request_forwards
+
+    _, reference = sharp
+    engine = budget_64
+    prompt = engine.get_tokenizer()(", ".join(str(i) for i in range(1, 200))).input_ids[:prompt_tokens]
+    steps, forwards = sum(graph_modes(engine).values()), request_forwards(engine)
+    out = engine.generate([{"prompt_token_ids": prompt}], greedy(24), use_tqdm=False)[0]
+    steps, forwards = sum(graph_modes(engine).values()) - steps, request_forwards(engine) - forwards
+    assert len(out.prompt_token_ids) == prompt_tokens
+    assert forwards > 1
+    assert steps == forwards + prefill_only_steps
+    expected = reference.generate(prompt, StopRule(max_tokens=24, max_model_len=MAX_MODEL_LEN), WeDLMParams())
+    assert list(out.outputs[0].token_ids) == expected.token_ids
+
+
 def test_wedlm_on_a_non_wedlm_model_is_refused(sharp, tmp_path):
     from vllm.engine.arg_utils import EngineArgs
 

@@ -2,20 +2,23 @@
 
 Per step and request, the scheduler hands over either a prefill chunk or a window: its leading
 filled run (tokens already returned to vLLM as output, not yet forwarded) followed by its "draft"
-tokens, the rest of the window, in the physical order this runner planned. The overrides, in the
-order vLLM calls them:
+tokens, the rest of the window, in the physical order this runner planned. A plain request's first
+window usually comes as drafts after its prompt's last chunk (its masks, planned here). The
+overrides, in the order vLLM calls them:
 
 * ``_update_states``: forget the window of finished and new requests. A preempted request keeps
   its window (filled, unforwarded slots included): vLLM re-prefills its tokens, some steps later
   and perhaps in chunks, and the window resumes exactly where it stopped;
-* ``_prepare_inputs``: after vLLM computed slots from physical positions, rewrite the RoPE
-  positions of window tokens to their logical ones, and ask for the logits of mask rows only;
+* ``_prepare_inputs``: plan the first windows that came with a prompt; after vLLM computed slots
+  from physical positions, rewrite the RoPE positions of window tokens to their logical ones, and
+  ask for the logits of mask rows only;
 * ``_sample``: run ``core`` (entropy, selection, sampling, commit, refill) instead of vLLM's
   sampler. A step's sampled tokens are each next window's leading filled run: every slot before
   them is decided, so they are returned as soon as they are known, one forward before the forward
   that writes their KV (the same lag as an AR token, streamed the step it is drawn). A prefill
-  samples none and, once complete, schedules the request's first window (or the one it had when
-  it was preempted). Lossless windows return their run once verified, when their KV is written;
+  without a window samples none and, once complete, schedules the request's first window (where
+  it could not ride with the prompt) or the one it had when it was preempted. Lossless windows
+  return their run once verified, when their KV is written;
 * ``sample_tokens``: attach each request's next window to the output for the scheduler.
 """
 
@@ -216,12 +219,18 @@ class WeDLMRunnerMixin:
         if ar_drafts.any():
             row = int(np.argmax(ar_drafts))
             raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine got draft tokens")
-        wrong = window & (n != host.length[slots])
+        uncomputed = self.input_batch.num_tokens_no_spec[:num_reqs] - computed  # [B]: prompt or leading run
+        # A first window, scheduled with the prompt's last rows (adapter/scheduler.py): planned now.
+        first = window & ~np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
+        if first.any():
+            self._start_windows(req_ids, states, first, computed + uncomputed)
+        prompt_rows = np.where(first, uncomputed, 0)  # [B] rows before each window: a first window's prompt
+        wrong = window & (n != prompt_rows + host.length[slots])
         if wrong.any():
             row = int(np.argmax(wrong))
             raise RuntimeError(
-                f"WeDLM request {req_ids[row]}: {n[row]} tokens scheduled for a window of {host.length[slots[row]]}; "
-                "the token budget must fit every running window "
+                f"WeDLM request {req_ids[row]}: {n[row] - prompt_rows[row]} tokens scheduled for a window of "
+                f"{host.length[slots[row]]}; the token budget must fit every running window "
                 "(max_num_batched_tokens >= max_num_seqs * 2 * window_size)")
         completes_prefill = ~scheduled_drafts & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
         # An AR request draws its next token whenever it forwarded all its tokens (its prompt's
@@ -240,13 +249,15 @@ class WeDLMRunnerMixin:
         num_logits = num_checks + num_last
 
         # RoPE positions: physical (computed + i) everywhere but in windows, whose row i holds slot
-        # order[i] at logical position computed + order[i]. vLLM computed the KV slots from the
-        # physical positions; only RoPE sees the logical ones.
+        # order[i] at logical position start + order[i] (start: where the window begins, after a
+        # first window's prompt rows). vLLM computed the KV slots from the physical positions; only
+        # RoPE sees the logical ones.
         intra = _ragged_arange(n)  # [T]
         positions = np.repeat(computed, n) + intra  # [T]
-        in_window = np.repeat(window, n)  # [T]
-        positions[in_window] = (np.repeat(computed[window], n[window])
-                                + host.order[np.repeat(slots[window], n[window]), intra[in_window]])
+        row_in_window = intra - np.repeat(prompt_rows, n)  # [T]
+        in_window = np.repeat(window, n) & (row_in_window >= 0)  # [T]
+        positions[in_window] = (np.repeat(computed + prompt_rows, n)[in_window]
+                                + host.order[np.repeat(slots, n)[in_window], row_in_window[in_window]])
         total = len(positions)
         self.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
 
@@ -257,6 +268,24 @@ class WeDLMRunnerMixin:
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
         indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
+
+    def _start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
+                       committed_len: np.ndarray) -> None:
+        """Plan the first window of the ``first`` ([B] bool) requests, which start after
+        ``committed_len`` ([B]) tokens: empty windows of the server's W (the scheduler adds first
+        windows only where W is fixed), planned on the host as ``_sample`` plans them after a
+        prefill (``core.batch.plan_windows``), then kept in the table."""
+        rows = np.flatnonzero(first)
+        if any(states[row].params.lossless for row in rows):
+            raise RuntimeError(f"lossless WeDLM request {req_ids[rows[0]]} got a window before its first token")
+        window_size = self.wedlm.window_size
+        starts = committed_len[rows]
+        plan = plan_windows(WindowBatch.empty(len(rows), self.wedlm_table.capacity, self.wedlm_mask_id),
+                            window_size, torch.from_numpy(starts), self.max_model_len)
+        self.wedlm_table.start(np.array([states[row].slot for row in rows], np.int64), plan, starts)
+        if self.wedlm_window_trace is not None:
+            for row in rows:
+                self.wedlm_window_trace.setdefault(req_ids[row], []).append(window_size)
 
     def _calc_spec_decode_metadata(self, num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray):
         # vLLM's speculative-decoding rows (each request's drafts plus a bonus row), device tensors

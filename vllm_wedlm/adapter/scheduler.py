@@ -11,7 +11,11 @@ decoding:
   ``num_computed_tokens`` advances by the leading run only. vLLM counts a step's sampled tokens
   as accepted drafts; those that lead the next window (``WeDLMRunnerOutput.unforwarded``) are
   taken back out. A lossless window's sampled tokens are its verified run, accepted drafts indeed;
-* the next window comes back with the runner's output rather than from a drafter.
+* the next window comes back with the runner's output rather than from a drafter;
+* a request's first window rides with the last rows of its prompt (``_ride_first_windows``): the
+  window's masks only attend to the prompt, so the forward that writes the prompt's KV can carry
+  them, and the first tokens come one forward earlier than from a window forwarded after the
+  prefill (as the reference decoder runs it; the same computation).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.config import WeDLMSettings, request_decoding
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -51,11 +56,65 @@ class WeDLMScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.num_sampled_tokens_per_step = 0
         self.commit_stats = CommitStats()
+        self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
+        self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
         self._forwarded: dict[str, int] = {}
+        # req_id -> the first window's slots, for the requests whose first window rode with their
+        # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
+        self._first_windows: dict[str, int] = {}
         self._last_log = time.monotonic()
 
+    def _update_after_schedule(self, scheduler_output) -> None:
+        # vLLM advances num_computed_tokens by each request's scheduled tokens here, drafts
+        # included (rejected ones are taken back in update_from_output): add first windows first.
+        self._first_windows = self._ride_first_windows(scheduler_output)
+        super()._update_after_schedule(scheduler_output)
+
+    def _ride_first_windows(self, scheduler_output) -> dict[str, int]:
+        """Schedule the first window of each plain WeDLM request whose prompt's prefill ends in this
+        step, as drafts after its last prompt tokens, where the step's token budget and the KV cache
+        have room (else it comes the step after, as any window does); the windows added.
+
+        Not for a lossless request (its first window starts with the token drawn from the prompt's
+        last row), an AR-decoded one (no window), one that was preempted (it keeps its window) or an
+        adaptive window (the runner chooses W per step, from the step's batch).
+        """
+        if self.wedlm.window_tokens is not None:
+            return {}
+        budget = self.max_num_scheduled_tokens - scheduler_output.total_num_scheduled_tokens
+        scheduled = scheduler_output.num_scheduled_tokens
+        firsts: dict[str, int] = {}
+        for req_id, num_tokens in scheduled.items():
+            request = self.requests[req_id]
+            if (req_id in scheduler_output.scheduled_spec_decode_tokens
+                    or request.num_computed_tokens + num_tokens < request.num_tokens  # a prefill chunk
+                    or request.num_output_tokens or request.num_preemptions or not self._plain_wedlm(request)):
+                continue
+            # The runner's plan of an empty window: W masks, cut where the KV room ends.
+            size = min(self.wedlm.window_size, self.max_model_len - request.num_tokens)
+            if not 0 < size <= budget:
+                continue
+            blocks = self.kv_cache_manager.allocate_slots(request, num_tokens + size)
+            if blocks is None:
+                continue
+            budget -= size
+            firsts[req_id] = size
+            scheduled[req_id] = num_tokens + size
+            scheduler_output.total_num_scheduled_tokens += size
+            scheduler_output.scheduled_spec_decode_tokens[req_id] = [self._mask_id] * size
+            _add_block_ids(scheduler_output, req_id, blocks.get_block_ids(allow_none=True))
+        if firsts and self.needs_kv_cache_zeroing:
+            scheduler_output.new_block_ids_to_zero = ((scheduler_output.new_block_ids_to_zero or [])
+                                                      + (self._get_new_block_ids_to_zero() or [])) or None
+        return firsts
+
+    def _plain_wedlm(self, request) -> bool:
+        extra_args = request.sampling_params.extra_args if request.sampling_params else None
+        return request_decoding(extra_args) == "wedlm" and not self.wedlm.request_params(extra_args).lossless
+
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._forwarded = scheduler_output.num_scheduled_tokens  # req_id -> window slots forwarded
+        # req_id -> window slots forwarded (a first window's prompt rows are not)
+        self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -100,3 +159,20 @@ class WeDLMScheduler(Scheduler):
         if self.commit_stats.request_forwards:
             logger.info(self.commit_stats.line())
         super().shutdown()
+
+
+def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:
+    """Append KV blocks allocated after vLLM built the step's output to the request's entry in it
+    (one list per KV cache group)."""
+    if block_ids is None:
+        return
+    known = next((new.block_ids for new in scheduler_output.scheduled_new_reqs if new.req_id == req_id), None)
+    if known is None:  # a running request (its prompt's last chunk)
+        cached = scheduler_output.scheduled_cached_reqs
+        index = cached.req_ids.index(req_id)
+        known = cached.new_block_ids[index]
+        if known is None:
+            cached.new_block_ids[index] = block_ids
+            return
+    for group, ids in zip(known, block_ids, strict=True):
+        group.extend(ids)

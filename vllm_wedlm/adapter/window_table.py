@@ -92,6 +92,13 @@ class WindowTable:
         self.windows.store(slots, plan.windows)
         return window_packet(plan)
 
+    def start(self, slots: np.ndarray, plan: BatchPlan, committed_len: np.ndarray) -> None:
+        """Keep ``plan`` ([P] windows, planned on the host) at ``slots`` ([P]), both halves."""
+        index = torch.from_numpy(slots).to(self.device, non_blocking=True)
+        self.windows.store(index, WindowBatch(*(getattr(plan.windows, name).to(self.device, non_blocking=True)
+                                                for name in ("tokens", "filled", "length"))))
+        self.receive(slots, window_packet(plan).numpy(), committed_len)
+
     def receive(self, slots: np.ndarray, packet: np.ndarray, committed_len: np.ndarray) -> None:
         """Write the host half of ``slots`` ([P]) from a packet that came back ([P, packet_width])."""
         c = self.capacity
