@@ -38,9 +38,10 @@ SLICES = {
     "test_wedlm_parity.py": [("qwen3 and scale30", 5), ("qwen2", 5), ("scale8", 2)],
     "test_serve_wedlm.py": [("not metrics and not bench", 5), ("metrics or bench", 4)],
     "test_window_invariance.py": [("qwen2", 4), ("qwen3", 4)],
+    "test_benchmark_smoke.py": [("offline", 3), ("online", 3), ("step_cost or recorded", 1)],
 }
 COSTS = {"test_micro_model.py": 4, "test_demo.py": 3, "test_serve_window_invariance.py": 4, "test_smollm2.py": 3,
-         "test_wedlm_engine.py": 3, "test_per_request_ar.py": 3, "test_serve_ar.py": 3, "test_benchmark_smoke.py": 3,
+         "test_wedlm_engine.py": 3, "test_per_request_ar.py": 3, "test_serve_ar.py": 3,
          "test_training.py": 2, "test_engine_parity.py": 2, "test_stat_loggers.py": 2, "test_batch_step.py": 2}
 
 

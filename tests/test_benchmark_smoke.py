@@ -57,11 +57,28 @@ def check_counts(rows: list[dict], batch_key: str) -> None:
         assert row["speedup_vs_ar"] > 0 and row[batch_key] >= 1
 
 
-def test_offline_online_step_cost_and_report(model, tmp_path):
-    common = ["--model", str(model), "--kinds", "counting,arithmetic", "--requests", "2",
-              "--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--window-size", str(W), "--max-model-len", "512"]
-    offline = bench("offline", *common, "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf", "--batch-sizes", "1,2",
-                    "--json", str(tmp_path / "offline.json"))
+def common_args(model) -> list[str]:
+    return ["--model", str(model), "--kinds", "counting,arithmetic", "--requests", "2", "--max-tokens", str(MAX_TOKENS),
+            "--ignore-eos", "--window-size", str(W), "--max-model-len", "512"]
+
+
+def check_report(results: list[Path], out: Path, sections: int, images: tuple[str, ...]) -> None:
+    """``benchmarks report`` of ``results`` writes one table per file and every plot it names."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "report", *map(str, results), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = (out / "report.md").read_text()
+    assert text.count("| mode |") == sections
+    for image in images:
+        assert (out / image).stat().st_size > 1000 and image in text
+
+
+# The harness's three benchmarks are separate tests, so that a GPU suite (scripts/gpu_suite.py) can
+# run them side by side: each starts several engines or servers, one after another.
+
+def test_offline_harness(model, tmp_path):
+    offline = bench("offline", *common_args(model), "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf",
+                    "--batch-sizes", "1,2", "--json", str(tmp_path / "offline.json"))
     assert len(offline["rows"]) == 5 * 2 * 2
     check_counts(offline["rows"], "batch_size")
     assert {r["accuracy"] is not None for r in offline["rows"]} == {True}  # both kinds are scored
@@ -77,39 +94,46 @@ def test_offline_online_step_cost_and_report(model, tmp_path):
             assert row["accuracy"] == ar[row["kind"], row["batch_size"]]
 
     # Every engine up at once, repeats alternating between modes: the same counts and outputs.
-    interleaved = bench("offline", *common, "--modes", "ar,wedlm:inf", "--batch-sizes", "1", "--kinds", "arithmetic",
-                        "--repeats", "2", "--interleave", "--json", str(tmp_path / "interleaved.json"))
+    interleaved = bench("offline", *common_args(model), "--modes", "ar,wedlm:inf", "--batch-sizes", "1",
+                        "--kinds", "arithmetic", "--repeats", "2", "--interleave",
+                        "--json", str(tmp_path / "interleaved.json"))
     keys = ("mode", "kind", "batch_size", "output_tokens", "tokens_per_forward", "accuracy")
     assert sorted(tuple(r[k] for k in keys) for r in interleaved["rows"]) == sorted(
         tuple(r[k] for k in keys) for r in offline["rows"]
         if r["mode"] in ("ar", "wedlm:inf") and r["kind"] == "arithmetic" and r["batch_size"] == 1)
     assert {r["repeats"] for r in interleaved["rows"]} == {2}
+    check_report([tmp_path / "offline.json"], tmp_path / "report", 1,
+                 ("0-offline-speedup.png", "0-offline-speed-vs-accuracy.png"))
 
-    online = bench("online", *common, "--modes", "ar,wedlm:inf", "--concurrency", "1,2",
+
+def test_online_harness(model, tmp_path):
+    online = bench("online", *common_args(model), "--modes", "ar,wedlm:inf", "--concurrency", "1,2",
                    "--json", str(tmp_path / "online.json"))
     assert len(online["rows"]) == 2 * 2 * 2
     check_counts(online["rows"], "concurrency")
     for row in online["rows"]:
         assert 0 < row["ttft_s_p50"] <= row["latency_s_p50"] and row["request_tok_s_p50"] > 0
     # Both servers up at once, the modes back to back at each point: the same counts and outputs.
-    interleaved = bench("online", *common, "--modes", "ar,wedlm:inf", "--concurrency", "2", "--kinds", "arithmetic",
-                        "--interleave", "--json", str(tmp_path / "online-interleaved.json"))
+    interleaved = bench("online", *common_args(model), "--modes", "ar,wedlm:inf", "--concurrency", "2",
+                        "--kinds", "arithmetic", "--interleave", "--json", str(tmp_path / "online-interleaved.json"))
     keys = ("mode", "kind", "concurrency", "output_tokens", "tokens_per_forward", "accuracy")
     assert sorted(tuple(r[k] for k in keys) for r in interleaved["rows"]) == sorted(
         tuple(r[k] for k in keys) for r in online["rows"] if r["kind"] == "arithmetic" and r["concurrency"] == 2)
+    check_report([tmp_path / "online.json"], tmp_path / "report", 1, ("0-online-speedup.png",))
 
+
+def test_step_cost_harness(tmp_path):
     step = bench("step-cost", "--shape", "tiny", "--windows", str(W), "--batch-sizes", "1,2", "--taus", "inf",
                  "--prompt-tokens", "16", "--lengths", "8,24", "--workdir", str(tmp_path / "shape"),
                  "--json", str(tmp_path / "step.json"))
     assert [(r["mode"], r["batch_size"], r["tokens_per_step"]) for r in step["rows"]] == [
         ("ar", 1, 1.0), ("ar", 2, 1.0), ("wedlm:inf", 1, float(W)), ("wedlm:inf", 2, float(W))]
+    check_report([tmp_path / "step.json"], tmp_path / "report", 1, ("0-step-cost-step-cost.png",))
 
-    results = [str(tmp_path / f"{name}.json") for name in ("offline", "online", "step")]
-    done = subprocess.run([sys.executable, "-m", "benchmarks", "report", *results, "--out", str(tmp_path / "report")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    text = (tmp_path / "report" / "report.md").read_text()
-    assert text.count("| mode |") == 3 and "wedlm:inf" in text
-    for image in ("0-offline-speedup.png", "0-offline-speed-vs-accuracy.png", "1-online-speedup.png",
-                  "2-step-cost-step-cost.png"):
-        assert (tmp_path / "report" / image).stat().st_size > 1000 and image in text
+
+def test_report_of_recorded_results(tmp_path):
+    """The report still reads the result files recorded on a GPU (three benchmarks in one report)."""
+    recorded = ROOT / "benchmarks" / "results" / "h200"
+    check_report([recorded / "offline-small.json", recorded / "online-small.json", recorded / "step-cost-8b.json"],
+                 tmp_path / "report", 3, ("0-offline-speedup.png", "0-offline-speed-vs-accuracy.png",
+                                          "1-online-speedup.png", "2-step-cost-step-cost.png"))
