@@ -63,12 +63,16 @@ def common_args(model) -> list[str]:
 
 
 def check_report(results: list[Path], out: Path, sections: int, images: tuple[str, ...]) -> None:
-    """``benchmarks report`` of ``results`` writes one table per file and every plot it names."""
+    """``benchmarks report`` of ``results`` writes one table per file, a row for every mode they hold
+    and every plot it names."""
     done = subprocess.run([sys.executable, "-m", "benchmarks", "report", *map(str, results), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     text = (out / "report.md").read_text()
     assert text.count("| mode |") == sections
+    for result in results:
+        for row in json.loads(result.read_text())["rows"]:
+            assert f"| {row['mode']} |" in text
     for image in images:
         assert (out / image).stat().st_size > 1000 and image in text
 
