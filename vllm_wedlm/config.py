@@ -38,8 +38,12 @@ AUTO_WINDOW = "auto"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
 LOSSLESS_KEY = "lossless"
+#: true: every window forwards a fixed 2W rows laid out on the device from the last step's result,
+#: so a step is scheduled without waiting for the one before (what async scheduling needs; the
+#: config hook turns it on with ``--async-scheduling`` on a GPU). Plain windows only.
+FIXED_ROWS_KEY = "fixed_window_rows"
 SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, WINDOW_TOKENS_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY,
-                 LOSSLESS_KEY)
+                 LOSSLESS_KEY, FIXED_ROWS_KEY)
 
 #: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
 #: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
@@ -92,6 +96,9 @@ class WeDLMSettings:
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
+
+    fixed_window_rows: bool = False
+    """Windows forward 2W rows laid out on the device (``FIXED_ROWS_KEY``)."""
 
     @property
     def wedlm(self) -> bool:
@@ -151,7 +158,23 @@ class WeDLMSettings:
             pos_penalty=additional_config.get(POS_PENALTY_KEY, DEFAULT_PARAMS.pos_penalty),
             lossless=additional_config.get(LOSSLESS_KEY, DEFAULT_PARAMS.lossless),
         )
-        return cls(decoding=decoding, window_size=window_size, window_tokens=window_tokens, params=params)
+        fixed_window_rows = additional_config.get(FIXED_ROWS_KEY, False)
+        if not isinstance(fixed_window_rows, bool):
+            raise ValueError(f"{FIXED_ROWS_KEY} must be true or false, got {fixed_window_rows!r}")
+        if fixed_window_rows and (window_tokens is not None or params.lossless):
+            raise ValueError("fixed window rows (async scheduling) need a fixed window size and plain (not "
+                             "lossless) windows: drop --wedlm-window-tokens / --wedlm-lossless, or run without "
+                             "--async-scheduling")
+        return cls(decoding=decoding, window_size=window_size, window_tokens=window_tokens, params=params,
+                   fixed_window_rows=fixed_window_rows)
+
+    def with_fixed_window_rows(self, additional_config: dict) -> WeDLMSettings:
+        """These settings with fixed window rows, also written into ``additional_config`` (which the
+        engine's processes read); ``ValueError`` where the settings do not allow them."""
+        config = {**additional_config, FIXED_ROWS_KEY: True}
+        settings = WeDLMSettings.from_additional_config(config)
+        additional_config[FIXED_ROWS_KEY] = True
+        return settings
 
     def request_params(self, extra_args: dict | None) -> WeDLMParams:
         """The knobs of one request: its extra_args over the server defaults.

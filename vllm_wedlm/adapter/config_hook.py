@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.wedlm")
 
 SCHEDULER_CLS = "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
+FIXED_ROWS_SCHEDULER_CLS = "vllm_wedlm.adapter.scheduler.WeDLMFixedRowsScheduler"
 WORKER_CLS = {
     "cpu": "vllm_wedlm.adapter.cpu_worker.WeDLMCPUWorker",
     "cuda": "vllm_wedlm.adapter.gpu_worker.WeDLMGPUWorker",
@@ -75,11 +76,24 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
 
     scheduler = vllm_config.scheduler_config
-    if scheduler.scheduler_cls not in (None, SCHEDULER_CLS):
+    # Async scheduling (asked for explicitly: vLLM's --async-scheduling) schedules a step before
+    # the previous one's result is back, so windows must not need it on the host: they forward a
+    # fixed 2W rows, laid out on the device (FIXED_ROWS_KEY). Otherwise steps are synchronous and
+    # each window forwards exactly its own rows. vLLM's CPU platform never schedules async.
+    if scheduler.async_scheduling and platform == "cuda" and not settings.fixed_window_rows:
+        settings = settings.with_fixed_window_rows(vllm_config.additional_config)
+    elif platform != "cuda" or not settings.fixed_window_rows:
+        scheduler.async_scheduling = False
+    scheduler_cls = FIXED_ROWS_SCHEDULER_CLS if settings.fixed_window_rows else SCHEDULER_CLS
+    if scheduler.scheduler_cls not in (None, SCHEDULER_CLS, FIXED_ROWS_SCHEDULER_CLS):
         _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")
-    scheduler.scheduler_cls = SCHEDULER_CLS
-    # Windows are planned from the previous step's result, which async scheduling does not wait for.
-    scheduler.async_scheduling = False
+    scheduler.scheduler_cls = scheduler_cls
+    if settings.fixed_window_rows:
+        # Cascade attention plans from the host's token counts, which only bound a window's start.
+        vllm_config.model_config.disable_cascade_attn = True
+    from vllm_wedlm.adapter import request_validator
+
+    request_validator.PLAIN_WINDOWS_ONLY = settings.fixed_window_rows
     # Every running request's window must fit one step's token budget.
     window_tokens = max_window_tokens(settings.window_size)
     max_seqs = scheduler.max_num_batched_tokens // window_tokens
@@ -93,9 +107,11 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
     adaptive = "" if settings.window_tokens is None else f" at most, adapted to ~{settings.window_tokens} slots/step"
-    logger.info("WeDLM decoding: window %d%s, entropy threshold %s, position penalty %s, lossless %s",
+    logger.info("WeDLM decoding: window %d%s, entropy threshold %s, position penalty %s, lossless %s, %s",
                 settings.window_size, adaptive, settings.params.entropy_threshold, settings.params.pos_penalty,
-                settings.params.lossless)
+                settings.params.lossless,
+                "async scheduling" if scheduler.async_scheduling else
+                "fixed window rows" if settings.fixed_window_rows else "synchronous scheduling")
 
 
 def graph_sizes(max_tokens: int) -> list[int]:

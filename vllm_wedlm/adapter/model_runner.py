@@ -41,9 +41,11 @@ from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 from vllm_wedlm.core.batch import (
     WindowBatch,
     drop_leading,
+    fill_masks,
     finish_windows,
     leading_filled,
     plan_windows,
+    slots_of_rows,
     verification_drafts,
     verify_windows,
 )
@@ -151,6 +153,8 @@ class WeDLMRunnerMixin:
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
         self._wedlm_step: StepRows | None = None
+        # Fixed window rows: the step's windows' slots, batch rows, leading runs and starts (device).
+        self._wedlm_fixed: tuple[torch.Tensor, ...] = ()
         self._wedlm_next_windows: dict[str, list[int]] = {}
         self._wedlm_unforwarded: dict[str, int] = {}
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
@@ -201,6 +205,8 @@ class WeDLMRunnerMixin:
         return state
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
+        if self.wedlm.fixed_window_rows:
+            return self._prepare_fixed_rows(scheduler_output, num_scheduled_tokens)
         super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         num_reqs = self.input_batch.num_reqs
         req_ids = self.input_batch.req_ids[:num_reqs]
@@ -269,6 +275,138 @@ class WeDLMRunnerMixin:
         indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
 
+    def _prepare_fixed_rows(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
+        """``_prepare_inputs`` with fixed window rows (``config.FIXED_ROWS_KEY``): each window's rows, up
+        to Q = 2W, are laid out from the device table (the host may not know the window yet, when the
+        step before is still running), and its logits rows are the W after its leading run, which
+        hold every mask row. Plain windows only (the validator turns other requests away)."""
+        super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        num_reqs = self.input_batch.num_reqs
+        req_ids = self.input_batch.req_ids[:num_reqs]
+        states = [self._request_state(req_id) for req_id in req_ids]
+        if any(s.autoregressive or s.params.lossless for s in states):
+            raise RuntimeError("fixed window rows take plain WeDLM windows only (the request validator's check)")
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        slots = np.fromiter((s.slot for s in states), np.int64, num_reqs)  # [B]
+        window = np.fromiter((req_id in drafts for req_id in req_ids), bool, num_reqs)  # [B]
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
+        n = num_scheduled_tokens[:num_reqs].astype(np.int64)  # [B] rows forwarded
+        starts = self.query_start_loc.np[:num_reqs].astype(np.int64)  # [B]
+        computed = self.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64)  # [B], a bound in a window
+        num_drafts = np.fromiter((len(drafts.get(req_id, ())) for req_id in req_ids), np.int64, num_reqs)
+        first = window & ~has_window  # [B]: a first window, after its prompt's last rows
+        prompt_rows = np.where(first, n - num_drafts, 0)  # [B]
+        if first.any():
+            self._start_windows(req_ids, states, first, computed + prompt_rows)
+        completes_prefill = ~window & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
+        self._wedlm_step = StepRows(list(req_ids), slots, np.zeros(num_reqs, bool), window, completes_prefill,
+                                    np.zeros(num_reqs, bool), np.zeros(num_reqs, bool), np.zeros(num_reqs, bool),
+                                    computed + n, np.where(window, self.wedlm.window_size, 0),
+                                    np.zeros(num_reqs, np.int64))
+        b = np.flatnonzero(window)  # [Bw] batch rows of windows
+        if not len(b):
+            return torch.zeros(0, dtype=torch.long, device=self.device), None
+        table = self.wedlm_table
+        rows = n[b] - prompt_rows[b]  # [Bw] window rows (Q, or fewer where max_model_len cuts them)
+        first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
+        row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
+        # One copy: each window's slot, batch row, first row, rows; each window row's index and window.
+        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b]])
+        index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + _ragged_arange(rows),
+                                                 row_of])).to(self.device, non_blocking=True)
+        w_slots, w_batch, w_first, w_rows, w_prompt = index[: 5 * len(b)].view(5, len(b))
+        flat_rows, flat_window = index[5 * len(b):].view(2, -1)
+        flat_i = flat_rows - w_first[flat_window]  # [Tw] physical row inside its window
+        start = table.committed_len[w_slots]  # [Bw] tokens before each window (its KV frontier)
+        # Physical positions (KV slots) from the window's real start, then RoPE's logical ones.
+        self.num_computed_tokens[w_batch] = (start - w_prompt).to(self.num_computed_tokens.dtype)
+        total = scheduler_output.total_num_scheduled_tokens
+        self.positions[:total] = (self.num_computed_tokens[self.req_indices.gpu[:total]].to(torch.int64)
+                                  + self.query_pos.gpu[:total])
+        self.seq_lens[:num_reqs] = self.num_computed_tokens[:num_reqs] + self.num_scheduled_tokens.gpu[:num_reqs]
+        self.input_batch.block_table.compute_slot_mapping(num_reqs, self.query_start_loc.gpu[: num_reqs + 1],
+                                                          self.positions[:total])
+        order = table.order[w_slots[flat_window], flat_i]  # [Tw] the slot fed at each window row
+        self.positions[flat_rows] = start[flat_window] + order
+        self.input_ids.gpu[flat_rows] = table.windows.tokens[w_slots[flat_window], order].to(self.input_ids.gpu.dtype)
+        # Logits: the W rows after each leading run (its masks are among them), in window order.
+        run = leading_filled(table.windows.filled[w_slots])  # [Bw]
+        k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
+        logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
+        self._wedlm_fixed = (w_slots, w_batch, run, start)
+        return logits_rows.flatten(), None
+
+    def _prepare_input_ids(self, *args, **kwargs):
+        if self.wedlm.fixed_window_rows:
+            # Async scheduling keeps the last step's draws on the device to scatter them into the
+            # next input ids; a window's rows come from the table instead (_prepare_fixed_rows).
+            self.input_batch.prev_sampled_token_ids = None
+        return super()._prepare_input_ids(*args, **kwargs)
+
+    def _sample_fixed_rows(self, logits: torch.Tensor | None) -> SamplerOutput:
+        """``_sample`` with fixed window rows, with no device-to-host copy: finish the forwarded windows
+        from their W logits rows each, plan every next window (also the first one after a prompt, and
+        a preempted request's after its re-prefill) into the table, and return each next window's
+        leading run, padded with -1, as the step's sampled tokens (a device tensor)."""
+        step, table, mask_id = self._wedlm_step, self.wedlm_table, self.wedlm_mask_id
+        window_size = self.wedlm.window_size
+        num_reqs = len(step.req_ids)
+        states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
+        new = step.completes_prefill & ~has_window  # [B] first window after the prompt
+        resumed = step.completes_prefill & has_window  # [B] re-prefilled after a preemption
+        parts, starts, sizes = [], [], []
+        batch_rows = [np.flatnonzero(step.window), np.flatnonzero(new), np.flatnonzero(resumed)]
+        if step.window.any():
+            w_slots, _, run, start = self._wedlm_fixed
+            self.wedlm_request_forwards += len(batch_rows[0])
+            tokens = sample(logits, self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64)), mask_id)
+            planned = table.windows.rows(w_slots)
+            order = table.order[w_slots]
+            entropy = slots_of_rows(row_entropy(logits).view(len(w_slots), window_size), order, run)  # [Bw, C]
+            drawn = slots_of_rows(tokens.view(len(w_slots), window_size), order, run)  # [Bw, C]
+            parts.append(fill_masks(planned, run, entropy, drawn, table.entropy_threshold[w_slots],
+                                    table.pos_penalty[w_slots], mask_id))
+            starts.append(start + run)
+            sizes.append(torch.full_like(run, window_size))
+        plan_slots = np.concatenate([step.slots[rows] for rows in batch_rows])  # [P]
+        if not len(plan_slots):
+            return SamplerOutput(sampled_token_ids=torch.full((num_reqs, 2), -1, dtype=torch.int32),
+                                 logprobs_tensors=None)
+        num_new, num_resumed = len(batch_rows[1]), len(batch_rows[2])
+        host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new]]))
+        new_slots, resumed_slots, new_starts = host.to(self.device, non_blocking=True).split(
+            [num_new, num_resumed, num_new])
+        if num_new:
+            parts.append(WindowBatch.empty(num_new, table.capacity, mask_id, self.device))
+            starts.append(new_starts)  # after the prompt
+            sizes.append(torch.full_like(new_slots, window_size))
+        if num_resumed:
+            # Its leading run went back as output before the preemption and was re-prefilled.
+            kept = table.windows.rows(resumed_slots)
+            lead = leading_filled(kept.filled)
+            parts.append(drop_leading(kept, lead, mask_id))
+            starts.append(table.committed_len[resumed_slots] + lead)
+            sizes.append(kept.length - lead)  # the same slots as before the preemption
+        slots_dev = torch.cat([self._wedlm_fixed[0]] * bool(step.window.any()) + [new_slots, resumed_slots])
+        committed_len = torch.cat(starts)
+        plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
+        table.store(slots_dev, plan, committed_len)
+        for row in np.flatnonzero(step.window | new):
+            states[row].has_window = True
+        if self.wedlm_window_trace is not None:
+            for row in np.flatnonzero(step.window | new):
+                self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
+        # Each next window's leading run: returned now, forwarded (KV written) next step.
+        width = max(2, window_size)
+        run_tokens = plan.windows.tokens[:, :width]
+        run_tokens = torch.where(torch.arange(width, device=self.device)[None] < plan.num_commit[:, None],
+                                 run_tokens, -1)
+        sampled = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+        sampled[torch.from_numpy(np.concatenate(batch_rows)).to(self.device, non_blocking=True)] = \
+            run_tokens.to(torch.int32)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
     def _start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
                        committed_len: np.ndarray) -> None:
         """Plan the first window of the ``first`` ([B] bool) requests, which start after
@@ -314,6 +452,8 @@ class WeDLMRunnerMixin:
         )
 
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata) -> SamplerOutput:
+        if self.wedlm.fixed_window_rows:
+            return self._sample_fixed_rows(logits)
         step, table = self._wedlm_step, self.wedlm_table
         host = table.host
         num_reqs = len(step.req_ids)
@@ -486,6 +626,11 @@ class WeDLMRunnerMixin:
         # vLLM rewinds the generator of a discarded (partial-prefill) row by one draw; WeDLM drew
         # nothing for it, and CPU generators have no offset to rewind.
         generators, self.input_batch.generators = self.input_batch.generators, {}
+        if self.use_async_scheduling and self.input_batch.prev_sampled_token_ids is None:
+            # Async bookkeeping keeps one draw per request for the next input ids, which a window
+            # step does not read (_prepare_input_ids): any [B, 1] tensor passes its check.
+            sampler_output = kwargs.get("sampler_output", args[1] if len(args) > 1 else None)
+            self.input_batch.prev_sampled_token_ids = sampler_output.sampled_token_ids[:, :1]
         try:
             return super()._bookkeeping_sync(*args, **kwargs)
         finally:
@@ -493,7 +638,7 @@ class WeDLMRunnerMixin:
 
     def sample_tokens(self, grammar_output):
         output = super().sample_tokens(grammar_output)
-        if isinstance(output, ModelRunnerOutput):
+        if isinstance(output, ModelRunnerOutput) and not self.wedlm.fixed_window_rows:
             values = {f.name: getattr(output, f.name) for f in fields(output)}
             output = WeDLMRunnerOutput(**values, next_windows=self._wedlm_next_windows,
                                        unforwarded=self._wedlm_unforwarded)

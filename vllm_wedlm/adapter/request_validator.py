@@ -14,13 +14,18 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import WeDLMSettings
+from vllm_wedlm.config import REQUEST_DECODING, REQUEST_LOSSLESS, WeDLMSettings, request_decoding
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
+
+#: Set by the config hook, in the process that builds the engine's config (the front end's): the
+#: engine runs fixed window rows (async scheduling), which take plain WeDLM windows only.
+#: ``validate_params`` is a class method and sees no config.
+PLAIN_WINDOWS_ONLY = False
 
 
 def unsupported_features(params: SamplingParams) -> list[str]:
@@ -55,9 +60,13 @@ class WeDLMRequestValidator(LogitsProcessor):
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
-            WeDLMSettings().request_params(sampling_params.extra_args)
+            params = WeDLMSettings().request_params(sampling_params.extra_args)
+            decoding = request_decoding(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
+        if PLAIN_WINDOWS_ONLY and (params.lossless or decoding == "ar"):
+            raise ValueError(f"{REQUEST_LOSSLESS} and {REQUEST_DECODING}: ar are not supported while the engine "
+                             "schedules asynchronously (fixed window rows); start it with --no-async-scheduling")
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         pass

@@ -24,11 +24,13 @@ import time
 from dataclasses import dataclass
 
 from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.config import WeDLMSettings, request_decoding
+from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -159,6 +161,83 @@ class WeDLMScheduler(Scheduler):
         if self.commit_stats.request_forwards:
             logger.info(self.commit_stats.line())
         super().shutdown()
+
+
+class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
+    """The scheduler of fixed window rows (``config.FIXED_ROWS_KEY``), with or without async scheduling.
+
+    Every window forwards Q = 2W rows, the most one can need, whose ids and positions the runner
+    takes from its device table: the next step does not wait for this one's result, which vLLM's
+    async scheduling (``AsyncScheduler``) then overlaps with the forward. The host knows a window
+    only as Q placeholders; what a step returns is each next window's leading run, as in
+    ``WeDLMScheduler``. Counts per request (N tokens, C ``num_computed_tokens``, P output placeholders):
+
+    * before each schedule, a running window gets ``Q + C - N - P`` placeholder drafts, so that
+      vLLM schedules exactly Q rows (``N + drafts + P - C``); all of them count as drafts;
+    * a step's output removes its drafts again (vLLM takes the rejected ones, ``update_from_output``
+      the accepted ones: the run they report is forwarded next step), so ``C - P`` is always the
+      KV frontier the finished steps wrote, which vLLM's async scheduler caches up to, and with no
+      step in flight ``C`` is the frontier itself, where the next window starts;
+    * a window in flight whose next Q rows vLLM would cut at ``max_model_len`` (C only bounds the
+      start from above while a step is in flight) waits for that step instead (``_held``): it then
+      starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_sampled_tokens_per_step = 0
+        self._window_rows = max_window_tokens(self.wedlm.window_size)  # Q
+        # Requests whose prefill is scheduled to the end: each of their steps is a window.
+        self._windowed: set[str] = set()
+        # id(scheduler_output) -> first windows that rode with a prompt in that step (steps overlap).
+        self._first_windows_of: dict[int, dict[str, int]] = {}
+
+    def add_request(self, request) -> None:
+        self._windowed.discard(request.request_id)  # an id may come back after its request finished
+        super().add_request(request)
+
+    def schedule(self, *args, **kwargs):
+        held = [request for request in self.running if self._held(request)]
+        if held:
+            self.running = [request for request in self.running if request not in held]
+        for request in self.running:
+            if request.request_id in self._windowed:
+                drafts = (self._window_rows + request.num_computed_tokens - request.num_tokens
+                          - request.num_output_placeholders)
+                request.spec_token_ids = [-1] * drafts
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            if held:
+                self.running = held + self.running
+
+    def _held(self, request) -> bool:
+        return (request.num_output_placeholders > 0
+                and request.num_computed_tokens + self._window_rows > self.max_model_len)
+
+    def _preempt_request(self, request, timestamp: float) -> None:
+        self._windowed.discard(request.request_id)  # it prefills again first
+        super()._preempt_request(request, timestamp)
+
+    def _update_after_schedule(self, scheduler_output) -> None:
+        super()._update_after_schedule(scheduler_output)
+        self._first_windows_of[id(scheduler_output)] = self._first_windows
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            if request.num_computed_tokens >= request.num_tokens:
+                self._windowed.add(req_id)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        self._first_windows = self._first_windows_of.pop(id(scheduler_output), {})
+        drafted = scheduler_output.scheduled_spec_decode_tokens
+        sampled = model_runner_output.sampled_token_ids
+        for req_id in drafted:
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING or not sampled:
+                continue
+            # The run a window step returns is the next window's leading run: KV written next step.
+            request.num_computed_tokens -= len(sampled[model_runner_output.req_id_to_index[req_id]])
+        return super().update_from_output(scheduler_output, model_runner_output)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:

@@ -59,6 +59,10 @@ class WindowTable:
         self.windows = WindowBatch.empty(slots, capacity, mask_id, device)  # planned windows
         self.entropy_threshold = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] tau
         self.pos_penalty = torch.zeros(slots, dtype=torch.float32, device=device)  # [S] lambda
+        # Where each planned window starts and its physical order, on the device too: the step of
+        # fixed window rows (async scheduling) lays out the next forward from them, not from the host.
+        self.committed_len = torch.zeros(slots, dtype=torch.long, device=device)  # [S]
+        self.order = torch.zeros(slots, capacity, dtype=torch.long, device=device)  # [S, C]
         self.host = HostWindows.zeros(slots, capacity)
         self._free = list(range(slots - 1, -1, -1))
 
@@ -84,12 +88,18 @@ class WindowTable:
                                                                             self.device)])
             self.entropy_threshold = torch.cat([self.entropy_threshold, torch.zeros_like(self.entropy_threshold)])
             self.pos_penalty = torch.cat([self.pos_penalty, torch.zeros_like(self.pos_penalty)])
+            self.committed_len = torch.cat([self.committed_len, torch.zeros_like(self.committed_len)])
+            self.order = torch.cat([self.order, torch.zeros_like(self.order)])
         self.host = self.host.grown(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-    def store(self, slots: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-        """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet."""
+    def store(self, slots: torch.Tensor, plan: BatchPlan, committed_len: torch.Tensor | None = None) -> torch.Tensor:
+        """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet.
+        With ``committed_len`` ([P], device): the device's own record of where they start and their order."""
         self.windows.store(slots, plan.windows)
+        if committed_len is not None:
+            self.committed_len[slots] = committed_len
+            self.order[slots] = plan.order
         return window_packet(plan)
 
     def start(self, slots: np.ndarray, plan: BatchPlan, committed_len: np.ndarray) -> None:
@@ -97,6 +107,8 @@ class WindowTable:
         index = torch.from_numpy(slots).to(self.device, non_blocking=True)
         self.windows.store(index, WindowBatch(*(getattr(plan.windows, name).to(self.device, non_blocking=True)
                                                 for name in ("tokens", "filled", "length"))))
+        self.committed_len[index] = torch.from_numpy(committed_len).to(self.device, non_blocking=True)
+        self.order[index] = plan.order.to(self.device, non_blocking=True)
         self.receive(slots, window_packet(plan).numpy(), committed_len)
 
     def receive(self, slots: np.ndarray, packet: np.ndarray, committed_len: np.ndarray) -> None:

@@ -136,12 +136,40 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
     """
     slot = windows.slot_index()
     is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
+    if not mask_entropy.numel():
+        return fill_masks(windows, num_commit, None, None, entropy_threshold, pos_penalty, mask_id, verified)
+    source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
+    return fill_masks(windows, num_commit, mask_entropy.float()[source], mask_tokens.long()[source],
+                      entropy_threshold, pos_penalty, mask_id, verified)
+
+
+def slots_of_rows(values: torch.Tensor, order: torch.Tensor, first_row: torch.Tensor) -> torch.Tensor:
+    """[B, R] per physical row -> [B, C] per slot: the value of the row that fed each slot.
+
+    For a step whose logits are a fixed R rows per window (no host sync: how many of a window's
+    rows are masks is known on the device only): row k of window b is its physical row
+    ``first_row[b] + k`` (``order``: the plan's slot of each physical row). A slot fed outside those
+    rows reads a clamped row: callers only read mask slots, which ``first_row`` must cover."""
+    inverse = torch.empty_like(order).scatter_(1, order, _arange_like(order))  # [B, C] physical row of slot
+    row = (inverse - first_row[:, None]).clamp(0, values.shape[1] - 1)  # [B, C]
+    return values.gather(1, row)
+
+
+def _arange_like(like: torch.Tensor) -> torch.Tensor:
+    """[B, C] int64: 0..C-1 in every row, shaped as ``like``."""
+    return torch.arange(like.shape[1], device=like.device).expand_as(like).contiguous()
+
+
+def fill_masks(windows: WindowBatch, num_commit: torch.Tensor, entropy: torch.Tensor | None,
+               drawn: torch.Tensor | None, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
+               mask_id: int, verified: WindowBatch | None = None) -> WindowBatch:
+    """``finish_windows`` given each slot's entropy ([B, C] float32) and draw ([B, C] int64), read
+    at mask slots only (None: no window has a mask row)."""
+    slot = windows.slot_index()
+    is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
     start = windows if verified is None else verified
     tokens, filled = start.tokens, start.filled
-    if mask_entropy.numel():
-        source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
-        entropy = mask_entropy.float()[source]  # [B, C]
-        drawn = mask_tokens.long()[source]  # [B, C]
+    if entropy is not None:
         fillable = is_mask if verified is None else is_mask & ~filled & (slot < start.length[:, None])  # [B, C]
         first_mask = fillable.to(torch.int8).argmax(1, keepdim=True)  # [B, 1]
         adjusted = entropy + pos_penalty.float()[:, None] * (slot - first_mask).float()
