@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     p_step.add_argument("--repeats", type=int, default=1, help="timed pairs per point (median and spread kept)")
     p_step.add_argument("--cudagraph-mode", help="vLLM's compilation_config cudagraph_mode for every engine "
                         "(default: vLLM's)")
+    p_step.add_argument("--scheduling", default="sync",
+                        help="WeDLM engines' scheduling, comma-separated, one engine each: sync (exact window "
+                        "rows) and/or async (vLLM's async scheduling with fixed window rows)")
     p_step.add_argument("--json", required=True)
     p_rep = sub.add_parser("report", help="markdown tables and plots from result files")
     p_rep.add_argument("results", nargs="+")
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     PARTIAL.unlink(missing_ok=True)
     started = time.time()
     record = {"benchmark": args.command, "command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])])}
+    if args.command == "step-cost" and not set(args.scheduling.split(",")) <= {"sync", "async"}:
+        parser.error(f"--scheduling takes sync and/or async, got {args.scheduling!r}")
     if args.command == "step-cost":
         model = step_cost.write_shape(Path(args.workdir) / args.shape, args.shape)
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = step_cost.run(model, windows=_ints(args.windows), batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
                              lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,
-                             repeats=args.repeats)
+                             repeats=args.repeats, schedulings=tuple(args.scheduling.split(",")))
         record.update(model=f"{args.shape} (random weights)")
     else:
         model = args.model or default_model()

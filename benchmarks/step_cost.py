@@ -87,21 +87,26 @@ def _engine_graphs(llm) -> dict:
 
 
 def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
-        lengths: tuple[int, int], engine_overrides: dict[str, Any], progress, repeats: int = 1) -> list[dict]:
+        lengths: tuple[int, int], engine_overrides: dict[str, Any], progress, repeats: int = 1,
+        schedulings: tuple[str, ...] = ("sync",)) -> list[dict]:
+    """``schedulings``: how WeDLM engines schedule, each its own engine: "sync" (exact window rows,
+    one step at a time) and/or "async" (vLLM's async scheduling, fixed window rows)."""
     from vllm import LLM
 
     _, n2 = lengths
     rng = np.random.default_rng(0)
-    engines = [("ar", None)] + [("wedlm", w) for w in windows]
-    total = len(batch_sizes) * (1 + len(windows) * len(taus))
+    engines = [("ar", None, None)] + [("wedlm", w, how) for w in windows for how in schedulings]
+    total = len(batch_sizes) * (1 + len(windows) * len(schedulings) * len(taus))
     rows = []
-    for decoding, window in engines:
+    for decoding, window, scheduling in engines:
         # Room for the prompt, the output and the last windows, whole.
         max_model_len = prompt_tokens + n2 + max_window_tokens(max(windows)) + 16
         settings = engine_kwargs(**{"max_model_len": max_model_len, **engine_overrides})
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
                         max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
+        if scheduling is not None:
+            settings["async_scheduling"] = scheduling == "async"
         started = time.perf_counter()
         llm = LLM(str(model), **settings)
         engine = {"engine_start_s": round(time.perf_counter() - started, 1), **_engine_graphs(llm)}
@@ -122,6 +127,8 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                            "step_ms_spread": [round(steps_ms[0], 3), round(steps_ms[-1], 3)], "repeats": repeats,
                            "tokens_per_step": round(tokens_per_step, 3),
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
+                    if scheduling is not None:
+                        row["scheduling"] = scheduling
                     if decoding == "wedlm":
                         row["graph_modes"] = graph_modes_since(llm, modes_before)
                     rows.append(row)

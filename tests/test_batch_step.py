@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from vllm_wedlm.core import WeDLMParams, Window, finish_step, plan_step
-from vllm_wedlm.core.batch import WindowBatch, finish_windows, plan_windows
+from vllm_wedlm.core.batch import WindowBatch, fill_masks, finish_windows, plan_windows, slots_of_rows
 from vllm_wedlm.core.params import selection_tensors
 from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, sample_request
 from vllm_wedlm.core.selection import row_entropy
@@ -112,6 +112,10 @@ def test_batched_step_equals_per_request_step(window_size, adaptive):
                                                  counts), M)
         entropy = row_entropy(logits)
         batch = finish_windows(plan.windows, plan.num_commit, entropy, tokens, tau, lam, M)
+        if not adaptive:
+            # Fixed window rows (async scheduling): the W rows after each leading run, junk where no
+            # mask sits, read slot by slot, finish the windows the same way.
+            assert_fixed_rows_finish_alike(plan, entropy, tokens, counts, window_size, tau, lam, batch, gen)
 
         start = 0
         for row, (exp, spec, seed) in enumerate(zip(expected, specs, seeds, strict=True)):
@@ -129,6 +133,27 @@ def test_batched_step_equals_per_request_step(window_size, adaptive):
             windows[row] = nxt
             committed[row] += exp.num_commit
     assert sum(committed) > 0
+
+
+def assert_fixed_rows_finish_alike(plan, entropy: torch.Tensor, tokens: torch.Tensor, counts: list[int],
+                                   window_size: int, tau: torch.Tensor, lam: torch.Tensor, expected: WindowBatch,
+                                   gen: torch.Generator) -> None:
+    """``slots_of_rows`` + ``fill_masks`` on W rows per window (physical rows run..run+W-1, the masks
+    last among them, junk in the others) equal ``finish_windows`` on the mask rows alone."""
+    batch_size = len(counts)
+    rows_entropy = torch.rand(batch_size, window_size, generator=gen) * 10  # junk where no mask is
+    rows_tokens = torch.randint(0, M, (batch_size, window_size), generator=gen)
+    start = 0
+    for row, count in enumerate(counts):
+        end = int(plan.windows.length[row]) - int(plan.num_commit[row])  # one past the last mask row, from the run
+        assert end <= window_size
+        rows_entropy[row, end - count:end] = entropy[start:start + count]
+        rows_tokens[row, end - count:end] = tokens[start:start + count]
+        start += count
+    got = fill_masks(plan.windows, plan.num_commit, slots_of_rows(rows_entropy, plan.order, plan.num_commit),
+                     slots_of_rows(rows_tokens, plan.order, plan.num_commit), tau, lam, M)
+    for name in ("tokens", "filled", "length"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
 
 
 def test_every_window_fills_at_least_one_mask_and_ties_pick_the_first():
