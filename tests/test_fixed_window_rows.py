@@ -57,8 +57,9 @@ def test_fixed_rows_equal_reference(tmp_path, window):
                                       WeDLMParams(entropy_threshold=tau, pos_penalty=lam))
         assert list(out.outputs[0].token_ids) == expected.token_ids, (tau, lam, prompt)
         expected_forwards += expected.num_forwards
-    # One window forward per reference forward: fixed rows cost no extra steps.
-    assert forwards == expected_forwards
+    # One window forward per reference forward: fixed rows cost no extra steps. Async scheduling
+    # may add one per request, scheduled before the step that ends the request is back.
+    assert 0 <= forwards - expected_forwards <= (len(combos) if on_gpu() else 0)
 
 
 @pytest.mark.parametrize("extra", [{"lossless": True}, {"window_size": "auto"}, {"window_tokens": 64}])

@@ -96,8 +96,11 @@ def test_preemption_and_chunked_re_prefill_change_nothing(engine):
     tokens_per_forward = len(PROMPTS) * MAX_TOKENS / forwards
     fill_all = MAX_TOKENS / (MAX_TOKENS / window + 1)
     assert 1.5 < tokens_per_forward < 0.6 * fill_all, tokens_per_forward
-    # A resumed window is forwarded from where it stopped: no forward is repeated or lost.
-    assert forwards == sum(e.num_forwards for e in expected)
+    # A resumed window is forwarded from where it stopped: no forward is repeated or lost. Async
+    # scheduling (fixed window rows on a GPU) may schedule one window more per request, before
+    # the step that ends it is back; that window's tokens are dropped.
+    extra = len(PROMPTS) if scheduler.async_scheduling else 0
+    assert 0 <= forwards - sum(e.num_forwards for e in expected) <= extra
 
     # Alone (no preemption: each request fits the cache by itself), short and long prompts.
     before = preemptions(llm)
