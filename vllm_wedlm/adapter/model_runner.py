@@ -153,7 +153,7 @@ class WeDLMRunnerMixin:
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
         self._wedlm_step: StepRows | None = None
-        # Fixed window rows: the step's windows' slots, batch rows, leading runs and starts (device).
+        # Fixed window rows: the step's windows' slots, leading runs and starts (device, [Bw] each).
         self._wedlm_fixed: tuple[torch.Tensor, ...] = ()
         self._wedlm_next_windows: dict[str, list[int]] = {}
         self._wedlm_unforwarded: dict[str, int] = {}
@@ -333,7 +333,7 @@ class WeDLMRunnerMixin:
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
         k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
         logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
-        self._wedlm_fixed = (w_slots, w_batch, run, start)
+        self._wedlm_fixed = (w_slots, run, start)
         return logits_rows.flatten(), None
 
     def _prepare_input_ids(self, *args, **kwargs):
@@ -355,10 +355,10 @@ class WeDLMRunnerMixin:
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
         new = step.completes_prefill & ~has_window  # [B] first window after the prompt
         resumed = step.completes_prefill & has_window  # [B] re-prefilled after a preemption
-        parts, starts, sizes = [], [], []
+        parts, slot_parts, starts, sizes = [], [], [], []
         batch_rows = [np.flatnonzero(step.window), np.flatnonzero(new), np.flatnonzero(resumed)]
         if step.window.any():
-            w_slots, _, run, start = self._wedlm_fixed
+            w_slots, run, start = self._wedlm_fixed
             self.wedlm_request_forwards += len(batch_rows[0])
             tokens = sample(logits, self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64)), mask_id)
             planned = table.windows.rows(w_slots)
@@ -367,6 +367,7 @@ class WeDLMRunnerMixin:
             drawn = slots_of_rows(tokens.view(len(w_slots), window_size), order, run)  # [Bw, C]
             parts.append(fill_masks(planned, run, entropy, drawn, table.entropy_threshold[w_slots],
                                     table.pos_penalty[w_slots], mask_id))
+            slot_parts.append(w_slots)
             starts.append(start + run)
             sizes.append(torch.full_like(run, window_size))
         plan_slots = np.concatenate([step.slots[rows] for rows in batch_rows])  # [P]
@@ -388,7 +389,7 @@ class WeDLMRunnerMixin:
             parts.append(drop_leading(kept, lead, mask_id))
             starts.append(table.committed_len[resumed_slots] + lead)
             sizes.append(kept.length - lead)  # the same slots as before the preemption
-        slots_dev = torch.cat([self._wedlm_fixed[0]] * bool(step.window.any()) + [new_slots, resumed_slots])
+        slots_dev = torch.cat([*slot_parts, new_slots, resumed_slots])
         committed_len = torch.cat(starts)
         plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
         table.store(slots_dev, plan, committed_len)

@@ -192,14 +192,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # id(scheduler_output) -> first windows that rode with a prompt in that step (steps overlap).
         self._first_windows_of: dict[int, dict[str, int]] = {}
 
-    def add_request(self, request) -> None:
-        self._windowed.discard(request.request_id)  # an id may come back after its request finished
-        super().add_request(request)
+    def _free_request(self, request, *args, **kwargs):
+        self._windowed.discard(request.request_id)  # finished or aborted
+        return super()._free_request(request, *args, **kwargs)
 
     def schedule(self, *args, **kwargs):
         held = [request for request in self.running if self._held(request)]
         if held:
-            self.running = [request for request in self.running if request not in held]
+            self.running = [request for request in self.running if not self._held(request)]
         for request in self.running:
             if request.request_id in self._windowed:
                 drafts = (self._window_rows + request.num_computed_tokens - request.num_tokens

@@ -134,10 +134,9 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
     ``verified``: the windows after ``verify_windows`` (lossless requests), filled on top of; a mask
     it filled (the token after an accepted run) is no longer a mask.
     """
-    slot = windows.slot_index()
-    is_mask = (slot < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
     if not mask_entropy.numel():
         return fill_masks(windows, num_commit, None, None, entropy_threshold, pos_penalty, mask_id, verified)
+    is_mask = (windows.slot_index() < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
     source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
     return fill_masks(windows, num_commit, mask_entropy.float()[source], mask_tokens.long()[source],
                       entropy_threshold, pos_penalty, mask_id, verified)
