@@ -6,20 +6,23 @@
 * ``wedlm`` or ``wedlm:TAU``: WeDLM decoding at entropy threshold TAU (default the server's);
   ``wedlm:inf`` fills every mask each step (whole windows commit: the engine's ceiling);
 * ``lossless`` or ``lossless:TAU``: WeDLM with every fill verified against the AR prediction
-  (``wedlm_lossless``): AR's output, drafted at threshold TAU (``lossless:inf`` drafts every mask).
+  (``wedlm_lossless``): AR's output, drafted at threshold TAU (``lossless:inf`` drafts every mask);
+* a ``+async`` suffix on a WeDLM mode (``wedlm:0.4+async``): its engine runs vLLM's async
+  scheduling (fixed window rows, GPU only); without it a WeDLM engine schedules synchronously.
 
-All WeDLM and lossless modes share one engine (both are per-request knobs); AR and each n-gram
-setting need their own.
+All WeDLM and lossless modes share one engine (both are per-request knobs), and all ``+async`` ones
+another; AR and each n-gram setting need their own.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
 
 DEFAULT_NGRAM_TOKENS = 4
+ASYNC_SUFFIX = "+async"
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
 
 
@@ -30,11 +33,14 @@ class Mode:
     ngram_tokens: int = 0  # speculative tokens of the n-gram proposer, 0 = off
     entropy_threshold: float | None = None  # WeDLM's tau for this mode's requests, None = server default
     lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
+    async_scheduling: bool = False  # a WeDLM engine with vLLM's async scheduling (AR's is vLLM's default)
 
     @property
     def engine(self) -> str:
         """Modes with equal ``engine`` run on one engine."""
-        return f"ngram:{self.ngram_tokens}" if self.ngram_tokens else self.decoding
+        if self.ngram_tokens:
+            return f"ngram:{self.ngram_tokens}"
+        return self.decoding + ASYNC_SUFFIX * self.async_scheduling
 
     def additional_config(self, window_size: int, window_tokens: int | None = None) -> dict:
         """``window_tokens``: the adaptive window's budget (WINDOW_TOKENS_KEY), None = a fixed W."""
@@ -57,7 +63,13 @@ class Mode:
 
 
 def parse_mode(text: str) -> Mode:
-    kind, _, arg = text.strip().partition(":")
+    text = text.strip()
+    if text.endswith(ASYNC_SUFFIX):
+        mode = parse_mode(text[: -len(ASYNC_SUFFIX)])
+        if mode.decoding != "wedlm" or mode.lossless:
+            raise ValueError(f"{ASYNC_SUFFIX} is for plain WeDLM modes (AR engines are async by default): {text!r}")
+        return replace(mode, name=mode.name + ASYNC_SUFFIX, async_scheduling=True)
+    kind, _, arg = text.partition(":")
     if kind == "ar" and not arg:
         return Mode("ar", "ar")
     if kind == "ngram":
@@ -73,7 +85,7 @@ def parse_mode(text: str) -> Mode:
         if not math.isfinite(tau) or tau < 0:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
-    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU], wedlm:inf or lossless[:TAU]")
+    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU][+async], wedlm:inf or lossless[:TAU]")
 
 
 def parse_modes(text: str) -> list[Mode]:

@@ -23,6 +23,8 @@ def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dic
     settings["max_num_seqs"] = max_batch
     # Every WeDLM window of a full batch fits one step, whatever the mode.
     settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
+    if mode.async_scheduling:
+        settings["async_scheduling"] = True
     if mode.ngram_tokens:
         settings["speculative_config"] = mode.speculative_config()
         settings["disable_log_stats"] = False  # the accepted-token counter tells forwards apart

@@ -43,6 +43,8 @@ def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[s
         args += ["--wedlm-window-size", str(window_size)]
         if window_tokens is not None:
             args += ["--wedlm-window-tokens", str(window_tokens)]
+    if mode.async_scheduling:
+        args.append("--async-scheduling")
     if mode.ngram_tokens:
         args += ["--speculative-config", json.dumps(mode.speculative_config())]
     return args + extra
@@ -125,8 +127,8 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
             args = serve_args(group[0], window_size, max(concurrencies), serve_extra, window_tokens)
             server = ExitStack()
             stack.callback(server.close)  # a failure anywhere still stops every server
-            url = server.enter_context(running_server(model, *args,
-                                                      log_path=log_dir / f"serve-{engine.replace(':', '-')}.log"))
+            log_name = "serve-" + engine.replace(":", "-").replace("+", "-") + ".log"
+            url = server.enter_context(running_server(model, *args, log_path=log_dir / log_name))
             warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
             asyncio.run(_load(url, warm, max(concurrencies)))
             if interleave:

@@ -31,7 +31,7 @@ from vllm_wedlm.checkpoints.tiny import (
     write_model_files,
 )
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
-from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
+from vllm_wedlm.evaluation import counts_since, graph_modes, graph_modes_since, request_forwards, row_layouts
 from vllm_wedlm.testing import engine_kwargs
 
 SHAPES = {
@@ -118,6 +118,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                     prompts = rng.integers(0, min(vocab, 1000), (batch, prompt_tokens)).tolist()
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
                     modes_before = graph_modes(llm) if decoding == "wedlm" else {}
+                    layouts_before = row_layouts(llm) if scheduling == "async" else {}
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
                     step_ms = float(np.median(steps_ms))
@@ -129,6 +130,8 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
                     if scheduling is not None:
                         row["scheduling"] = scheduling
+                    if scheduling == "async":  # the gate's choices: steps padded (pipelined) or exact
+                        row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":
                         row["graph_modes"] = graph_modes_since(llm, modes_before)
                     rows.append(row)

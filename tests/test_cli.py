@@ -69,6 +69,8 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
         "decoding": "wedlm", "window_size": 8, "entropy_threshold": None, "pos_penalty": 0.1, "lossless": True}
     argv = ["--decoding", "wedlm", "--wedlm-entropy-threshold", "0.6"]
     assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "entropy_threshold": 0.6}
+    argv = ["--decoding", "wedlm", "--wedlm-async-padding-tokens", "64"]
+    assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "async_padding_tokens": 64}
     argv = ["--decoding", "wedlm", "--wedlm-window-size", "auto"]
     assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "window_size": "auto"}
     argv = ["--decoding", "wedlm", "--wedlm-window-size", "32", "--wedlm-window-tokens", "128"]
@@ -104,6 +106,11 @@ def test_the_adaptive_window_settings(config, window_size, window_tokens):
     ({"entropy_threshold": -0.5}, "entropy_threshold must be a positive"),
     ({"pos_penalty": -1}, "pos_penalty must be a finite number"),
     ({"lossless": "yes"}, "lossless must be true or false"),
+    ({"async_padding_tokens": -1}, "async_padding_tokens must be a non-negative integer or 'auto'"),
+    ({"async_padding_tokens": "some"}, "async_padding_tokens must be a non-negative integer or 'auto'"),
+    # Without async scheduling (always so on the CPU) nothing is pipelined: the knob has no use.
+    ({"async_padding_tokens": 64}, "async_padding_tokens \\(--wedlm-async-padding-tokens\\) applies to async "
+                                   "scheduling only"),
 ])
 def test_invalid_server_knobs_are_refused_at_start_up(tiny_checkpoints, settings, message):
     from vllm.engine.arg_utils import EngineArgs

@@ -1,7 +1,9 @@
-"""Fixed window rows (``fixed_window_rows``; what ``--async-scheduling`` runs on a GPU): every
-window forwards 2W rows laid out from the runner's device table, so a step needs nothing back on
-the host from the step before. Greedy output must still be the reference decoder's, token for
-token; the requests it cannot serve are turned away with a clear error, the engine unharmed.
+"""Fixed window rows (``fixed_window_rows``; what ``--async-scheduling`` runs on a GPU): a window's
+rows are laid out from the runner's device table, so a step needs nothing back on the host from
+the step before. Pipelined steps forward 2W rows per window; where the scheduler's gate
+(``async_padding_tokens``) finds that padding too costly, a step forwards each window's exact rows
+after the step before it. Greedy output must be the reference decoder's, token for token, either
+way; the requests it cannot serve are turned away with a clear error, the engine unharmed.
 On the CPU the engine schedules synchronously (vLLM's CPU platform has no async scheduling); on a
 GPU the same tests run it with async scheduling.
 """
@@ -9,11 +11,13 @@ GPU the same tests run it with async scheduling.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import build_checkpoint
 from engines import running_llm
+from vllm_wedlm.adapter.async_gate import PaddingGate, padding_gate
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core import WeDLMParams
@@ -29,8 +33,14 @@ LAMBDAS = (0.0, 1.0)
 MAX_TOKENS = 24
 
 
-@pytest.mark.parametrize("window", [4, 16])
-def test_fixed_rows_equal_reference(tmp_path, window):
+#: (W, async_padding_tokens): on the CPU (no async scheduling, no knee) 0 forwards every window's
+#: exact rows unless all runs are whole, 40 pads the 24 windows of 4 to 2W only while their runs
+#: average above 2.3 (the steps alternate), and a huge budget pads every step.
+GATES = [(4, 40), (16, 0), (16, 1 << 20)]
+
+
+@pytest.mark.parametrize("window,padding", GATES)
+def test_fixed_rows_equal_reference(tmp_path, window, padding):
     from vllm import SamplingParams
 
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen3", logit_scale=30.0))
@@ -38,11 +48,12 @@ def test_fixed_rows_equal_reference(tmp_path, window):
     params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                              extra_args={"wedlm_entropy_threshold": tau, "wedlm_pos_penalty": lam})
               for tau, lam, _ in combos]
-    config = {"decoding": "wedlm", "window_size": window, "fixed_window_rows": True}
+    config = {"decoding": "wedlm", "window_size": window, "fixed_window_rows": True, "async_padding_tokens": padding}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling == on_gpu()
         outputs = llm.generate([p for *_, p in combos], params, use_tqdm=False)
         forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
+        layouts = llm.collective_rpc("wedlm_row_layouts")[0]
         # Per-request modes it cannot run: a clear error for that request, nothing else disturbed.
         for extra_args in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"}):
             with pytest.raises(ValueError, match="--no-async-scheduling"):
@@ -60,6 +71,13 @@ def test_fixed_rows_equal_reference(tmp_path, window):
     # One window forward per reference forward: fixed rows cost no extra steps. Async scheduling
     # may add one per request, scheduled before the step that ends the request is back.
     assert 0 <= forwards - expected_forwards <= (len(combos) if on_gpu() else 0)
+    # The steps took the layouts the gate should have chosen.
+    if padding == 1 << 20 or (on_gpu() and window == 4):  # 24 windows' 2W rows are below a GPU's knee
+        assert set(layouts) == {"padded"}, layouts
+    elif padding == 0:
+        assert layouts.get("exact"), layouts
+    else:
+        assert layouts.get("padded") and layouts.get("exact"), layouts
 
 
 @pytest.mark.parametrize("extra", [{"lossless": True}, {"window_size": "auto"}, {"window_tokens": 64}])
@@ -72,3 +90,24 @@ def test_fixed_rows_setting_is_a_boolean():
     with pytest.raises(ValueError, match="fixed_window_rows must be true or false"):
         WeDLMSettings.from_additional_config({"decoding": "wedlm", "fixed_window_rows": "yes"})
     assert WeDLMSettings.from_additional_config({"decoding": "wedlm", "fixed_window_rows": True}).fixed_window_rows
+
+
+QWEN3_8B = SimpleNamespace(hidden_size=4096, num_attention_heads=32, head_dim=128, num_key_value_heads=8,
+                           intermediate_size=12288, num_hidden_layers=36)
+
+
+def test_the_padding_gate_follows_the_step_cost_measured():
+    gate = padding_gate(True, QWEN3_8B, None)
+    assert gate.knee == 256 and 100 <= gate.budget <= 140, gate
+    # W 16 on the 8B shape (BENCHMARKS 5.8): one-token runs pipeline at batch 1 (32 rows under the
+    # knee) but not at 16 (512 against 272 rows); whole runs pipeline at any batch (no padding).
+    assert gate.pipelines(32, 17) and not gate.pipelines(16 * 32, 16 * 17) and not gate.pipelines(64 * 32, 64 * 17)
+    assert gate.pipelines(8 * 32, 8 * 17) and gate.pipelines(64 * 32, 64 * 32)
+    # A small model's step is the host's: padding 64 windows of one-token runs still pays.
+    small = SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768,
+                            num_hidden_layers=6)
+    assert padding_gate(True, small, None).pipelines(64 * 32, 64 * 17)
+    assert padding_gate(True, QWEN3_8B, 7) == PaddingGate(budget=7, knee=256)
+    # Without async scheduling nothing overlaps: every padding row costs.
+    assert padding_gate(False, QWEN3_8B, None) == PaddingGate(budget=0, knee=0)
+    assert not padding_gate(False, small, None).pipelines(32, 17)

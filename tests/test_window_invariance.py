@@ -42,7 +42,7 @@ PROMPTS = ([f"{i}, {i + 1}, {WORDS[i % 8]} {WORDS[(i * 3) % 8]} has {i} {WORDS[(
            + [", ".join(str(n) for n in range(i * 7, i * 7 + 140)) for i in range(4)])
 
 
-#: Engines: each variant, and one with fixed window rows (the layout of async scheduling).
+#: Engines: each variant, and one with fixed window rows, always padded (the layout of async scheduling).
 ENGINES = [(variant, False) for variant in VARIANTS] + [("qwen2", True)]
 
 
@@ -53,7 +53,9 @@ def engine(request, tmp_path_factory):
     path = build_checkpoint(tmp_path_factory.mktemp("invariance"), TinySpec(variant=variant, logit_scale=LOGIT_SCALE))
     config = WeDLMConfig.from_pretrained(path)
     reference = ReferenceDecoder(load_transformers_model(path), config.mask_token_id, window)
-    wedlm = {"decoding": "wedlm", "window_size": window, "entropy_threshold": tau, "fixed_window_rows": fixed_rows}
+    wedlm = {"decoding": "wedlm", "window_size": window, "entropy_threshold": tau}
+    if fixed_rows:  # every step pipelined, 2W rows per window (what async scheduling runs at small costs)
+        wedlm.update(fixed_window_rows=True, async_padding_tokens=1 << 20)
     with running_llm(path, dtype="float32", additional_config=wedlm, max_model_len=MAX_MODEL_LEN,
                      kv_cache_memory_bytes=KV_BLOCKS * BLOCK * kv_bytes_per_token(config), block_size=BLOCK,
                      max_num_batched_tokens=32 * window, long_prefill_token_threshold=CHUNK,

@@ -17,6 +17,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from vllm_wedlm.config import (
+    ASYNC_PADDING_KEY,
     AUTO_WINDOW,
     DECODING_KEY,
     DECODING_MODES,
@@ -46,6 +47,7 @@ _FLAG_KEYS = {
     "wedlm_entropy_threshold": ENTROPY_THRESHOLD_KEY,
     "wedlm_pos_penalty": POS_PENALTY_KEY,
     "wedlm_lossless": LOSSLESS_KEY,
+    "wedlm_async_padding_tokens": ASYNC_PADDING_KEY,
 }
 
 
@@ -55,6 +57,9 @@ def _threshold(text: str) -> float | None:
 
 def _window_size(text: str) -> int | str:
     return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
+
+
+_async_padding = _window_size  # an integer or "auto", alike
 
 
 def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +86,11 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        help="WeDLM mode: verify every fill against the model's next-token prediction before "
                        "committing it, so the output is exactly --decoding ar's (greedy: token for token; "
                        "sampled: in distribution) at several tokens per forward. Per request: 'wedlm_lossless'.")
+    group.add_argument("--wedlm-async-padding-tokens", type=_async_padding, default=argparse.SUPPRESS,
+                       help="WeDLM mode with --async-scheduling: pipeline a step (schedule it before the one "
+                       "before it is back, each window padded to 2W rows) only while the padding costs at most "
+                       f"about this many tokens of forward; otherwise forward exact rows, one step at a time "
+                       f"(default '{AUTO_WINDOW}': estimated from the model's size).")
 
 
 def fold_into_additional_config(args: argparse.Namespace) -> None:

@@ -42,8 +42,13 @@ LOSSLESS_KEY = "lossless"
 #: so a step is scheduled without waiting for the one before (what async scheduling needs; the
 #: config hook turns it on with ``--async-scheduling`` on a GPU). Plain windows only.
 FIXED_ROWS_KEY = "fixed_window_rows"
+#: With fixed window rows: a step is scheduled before the one before it is back (pipelined) only
+#: while padding its windows to 2W rows costs at most about this many tokens of forward; otherwise
+#: it waits for that step and forwards each window's exact rows. "auto" (the default): estimated
+#: from the model's size with async scheduling (``adapter/async_gate.py``), 0 without.
+ASYNC_PADDING_KEY = "async_padding_tokens"
 SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, WINDOW_TOKENS_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY,
-                 LOSSLESS_KEY, FIXED_ROWS_KEY)
+                 LOSSLESS_KEY, FIXED_ROWS_KEY, ASYNC_PADDING_KEY)
 
 #: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
 #: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
@@ -98,7 +103,10 @@ class WeDLMSettings:
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
 
     fixed_window_rows: bool = False
-    """Windows forward 2W rows laid out on the device (``FIXED_ROWS_KEY``)."""
+    """Windows forward up to 2W rows laid out on the device (``FIXED_ROWS_KEY``)."""
+
+    async_padding_tokens: int | None = None
+    """``ASYNC_PADDING_KEY``; None: "auto"."""
 
     @property
     def wedlm(self) -> bool:
@@ -142,7 +150,8 @@ class WeDLMSettings:
                 raise ValueError(
                     f"Unknown additional_config key(s) {_names(unknown)} with decoding 'wedlm'; the WeDLM "
                     f"settings are {_names(SETTINGS_KEYS)} (flags --decoding, --wedlm-window-size, "
-                    "--wedlm-window-tokens, --wedlm-entropy-threshold, --wedlm-pos-penalty, --wedlm-lossless)."
+                    "--wedlm-window-tokens, --wedlm-entropy-threshold, --wedlm-pos-penalty, --wedlm-lossless, "
+                    "--wedlm-async-padding-tokens)."
                 )
         window_size = additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE)
         window_tokens = additional_config.get(WINDOW_TOKENS_KEY)
@@ -165,8 +174,13 @@ class WeDLMSettings:
             raise ValueError("fixed window rows (async scheduling) need a fixed window size and plain (not "
                              "lossless) windows: drop --wedlm-window-tokens / --wedlm-lossless, or run without "
                              "--async-scheduling")
+        padding = additional_config.get(ASYNC_PADDING_KEY, AUTO_WINDOW)
+        if padding == AUTO_WINDOW:
+            padding = None
+        elif isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+            raise ValueError(f"{ASYNC_PADDING_KEY} must be a non-negative integer or {AUTO_WINDOW!r}, got {padding!r}")
         return cls(decoding=decoding, window_size=window_size, window_tokens=window_tokens, params=params,
-                   fixed_window_rows=fixed_window_rows)
+                   fixed_window_rows=fixed_window_rows, async_padding_tokens=padding)
 
     def with_fixed_window_rows(self, additional_config: dict) -> WeDLMSettings:
         """These settings with fixed window rows, also written into ``additional_config`` (which the

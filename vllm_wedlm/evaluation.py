@@ -96,8 +96,17 @@ def graph_modes(llm) -> dict[str, int]:
 
 
 def graph_modes_since(llm, before: dict[str, int]) -> dict[str, int]:
-    return {mode: count - before.get(mode, 0) for mode, count in graph_modes(llm).items()
-            if count > before.get(mode, 0)}
+    return counts_since(graph_modes(llm), before)
+
+
+def counts_since(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {key: count - before.get(key, 0) for key, count in now.items() if count > before.get(key, 0)}
+
+
+def row_layouts(llm) -> dict[str, int]:
+    """Steps of fixed window rows (async scheduling) a WeDLM ``vllm.LLM`` has run so far with every
+    window padded to 2W rows ("padded", pipelined) and with exact rows ("exact")."""
+    return _summed_counts(llm, "wedlm_row_layouts")
 
 
 def window_steps(llm) -> dict[str, int]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
-from vllm_wedlm.config import WeDLMSettings, max_window_tokens
+from vllm_wedlm.config import ASYNC_PADDING_KEY, WeDLMSettings, max_window_tokens
 from vllm_wedlm.models.configuration_wedlm import body_of
 
 if TYPE_CHECKING:
@@ -84,6 +84,9 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         settings = settings.with_fixed_window_rows(vllm_config.additional_config)
     elif platform != "cuda" or not settings.fixed_window_rows:
         scheduler.async_scheduling = False
+    if settings.async_padding_tokens is not None and not settings.fixed_window_rows:
+        _refuse(f"{ASYNC_PADDING_KEY} (--wedlm-async-padding-tokens) applies to async scheduling only: add "
+                "--async-scheduling (on a GPU) or drop it")
     scheduler_cls = FIXED_ROWS_SCHEDULER_CLS if settings.fixed_window_rows else SCHEDULER_CLS
     if scheduler.scheduler_cls not in (None, SCHEDULER_CLS, FIXED_ROWS_SCHEDULER_CLS):
         _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")

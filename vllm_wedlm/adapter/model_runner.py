@@ -169,6 +169,9 @@ class WeDLMRunnerMixin:
         # "steps" counts its calls, "compiled" those that ran compiled code.
         self.wedlm_window_step: Callable = plain_window_step
         self.wedlm_window_step_runs: Counter[str] = Counter()
+        # Fixed window rows: steps whose windows all forwarded 2W rows ("padded") and the others
+        # ("exact": the scheduler's gate kept the step unpipelined, or a window is near its end).
+        self.wedlm_row_layouts: Counter[str] = Counter()
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
@@ -307,7 +310,10 @@ class WeDLMRunnerMixin:
         if not len(b):
             return torch.zeros(0, dtype=torch.long, device=self.device), None
         table = self.wedlm_table
-        rows = n[b] - prompt_rows[b]  # [Bw] window rows (Q, or fewer where max_model_len cuts them)
+        rows = n[b] - prompt_rows[b]  # [Bw] window rows: Q when pipelined, else each window's own
+        if has_window[b].any():  # a first window forwards its W masks after the prompt either way
+            padded = (rows[has_window[b]] == max_window_tokens(self.wedlm.window_size)).all()
+            self.wedlm_row_layouts["padded" if padded else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
         # One copy: each window's slot, batch row, first row, rows; each window row's index and window.
@@ -662,6 +668,11 @@ class WeDLMWorkerMixin:
         compiles it; a variant start-up missed runs eagerly): ``llm.collective_rpc("wedlm_window_steps")``."""
         runs = self.model_runner.wedlm_window_step_runs
         return {"compiled": runs["compiled"], "eager": runs["steps"] - runs["compiled"]}
+
+    def wedlm_row_layouts(self) -> dict[str, int]:
+        """Fixed window rows: steps so far whose windows all forwarded 2W rows ("padded") and the
+        others ("exact"): ``llm.collective_rpc("wedlm_row_layouts")``."""
+        return dict(self.model_runner.wedlm_row_layouts)
 
     def wedlm_trace_window_sizes(self, on: bool) -> dict[str, list[int]]:
         """Start (``on``) or stop recording the window size W of every window planned, per request

@@ -29,6 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
+from vllm_wedlm.adapter.async_gate import padding_gate
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 
@@ -166,57 +167,77 @@ class WeDLMScheduler(Scheduler):
 class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     """The scheduler of fixed window rows (``config.FIXED_ROWS_KEY``), with or without async scheduling.
 
-    Every window forwards Q = 2W rows, the most one can need, whose ids and positions the runner
-    takes from its device table: the next step does not wait for this one's result, which vLLM's
-    async scheduling (``AsyncScheduler``) then overlaps with the forward. The host knows a window
-    only as Q placeholders; what a step returns is each next window's leading run, as in
+    The runner lays out a window's rows from its device table, so a step can be scheduled before
+    the one before it is back (pipelined; vLLM's ``AsyncScheduler`` overlaps it with that step's
+    forward). The host then does not know the window's leading run yet, so every window forwards
+    Q = 2W rows, the most one can need. Where that padding costs more forward time than the
+    overlap hides (``async_gate.PaddingGate``, asked each step), the step waits for the one before
+    it instead, and each window forwards its exact rows: W and its run. The host knows a window only
+    as placeholder drafts; what a step returns is each next window's leading run, as in
     ``WeDLMScheduler``. Counts per request (N tokens, C ``num_computed_tokens``, P output placeholders):
 
-    * before each schedule, a running window gets ``Q + C - N - P`` placeholder drafts, so that
-      vLLM schedules exactly Q rows (``N + drafts + P - C``); all of them count as drafts;
+    * before each schedule, a window to forward R rows gets ``R + C - N - P`` placeholder drafts,
+      so that vLLM schedules exactly R rows (``N + drafts + P - C``); all of them count as drafts;
     * a step's output removes its drafts again (vLLM takes the rejected ones, ``update_from_output``
       the accepted ones: the run they report is forwarded next step), so ``C - P`` is always the
       KV frontier the finished steps wrote, which vLLM's async scheduler caches up to, and with no
-      step in flight ``C`` is the frontier itself, where the next window starts;
-    * a window in flight whose next Q rows vLLM would cut at ``max_model_len`` (C only bounds the
-      start from above while a step is in flight) waits for that step instead (``_held``): it then
-      starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
+      step in flight ``C`` is the frontier itself, where the next window starts, and ``N - C`` its run;
+    * a window in flight is left out of a schedule (``_held``) when the step is not pipelined, or
+      when vLLM would cut its next Q rows at ``max_model_len`` (C only bounds the start from above
+      while a step is in flight): it then starts at C exactly, and the runner's plan keeps it within
+      ``max_model_len``.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_sampled_tokens_per_step = 0
         self._window_rows = max_window_tokens(self.wedlm.window_size)  # Q
+        self._gate = padding_gate(self.scheduler_config.async_scheduling, self.vllm_config.model_config.hf_text_config,
+                                  self.wedlm.async_padding_tokens)
+        logger.info("WeDLM: a step is pipelined with 2W window rows while they cost at most %d tokens of forward "
+                    "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
+        # req_id -> the leading run its last finished step returned (what its next window adds to W).
+        self._runs: dict[str, int] = {}
         # id(scheduler_output) -> first windows that rode with a prompt in that step (steps overlap).
         self._first_windows_of: dict[int, dict[str, int]] = {}
 
     def _free_request(self, request, *args, **kwargs):
-        self._windowed.discard(request.request_id)  # finished or aborted
+        self._forget(request.request_id)  # finished or aborted
         return super()._free_request(request, *args, **kwargs)
 
+    def _forget(self, req_id: str) -> None:
+        self._windowed.discard(req_id)
+        self._runs.pop(req_id, None)
+
     def schedule(self, *args, **kwargs):
-        held = [request for request in self.running if self._held(request)]
+        windows = [request for request in self.running if request.request_id in self._windowed]
+        window_size = self.wedlm.window_size
+        exact = sum(window_size + self._runs.get(request.request_id, 0) for request in windows)
+        pipelined = self._gate.pipelines(len(windows) * self._window_rows, exact)
+        held = [request for request in self.running if self._held(request, pipelined)]
         if held:
-            self.running = [request for request in self.running if not self._held(request)]
+            self.running = [request for request in self.running if not self._held(request, pipelined)]
         for request in self.running:
-            if request.request_id in self._windowed:
-                drafts = (self._window_rows + request.num_computed_tokens - request.num_tokens
-                          - request.num_output_placeholders)
-                request.spec_token_ids = [-1] * drafts
+            if request.request_id not in self._windowed:
+                continue
+            # Not pipelined, nothing is in flight: the window is its run (N - C) and W slots.
+            rows = self._window_rows if pipelined else window_size + request.num_tokens - request.num_computed_tokens
+            drafts = rows + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
+            request.spec_token_ids = [-1] * drafts
         try:
             return super().schedule(*args, **kwargs)
         finally:
             if held:
                 self.running = held + self.running
 
-    def _held(self, request) -> bool:
-        return (request.num_output_placeholders > 0
-                and request.num_computed_tokens + self._window_rows > self.max_model_len)
+    def _held(self, request, pipelined: bool) -> bool:
+        return request.num_output_placeholders > 0 and (
+            not pipelined or request.num_computed_tokens + self._window_rows > self.max_model_len)
 
     def _preempt_request(self, request, timestamp: float) -> None:
-        self._windowed.discard(request.request_id)  # it prefills again first
+        self._forget(request.request_id)  # it prefills again first
         super()._preempt_request(request, timestamp)
 
     def _update_after_schedule(self, scheduler_output) -> None:
@@ -236,7 +257,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
                 continue
             # The run a window step returns is the next window's leading run: KV written next step.
-            request.num_computed_tokens -= len(sampled[model_runner_output.req_id_to_index[req_id]])
+            run = len(sampled[model_runner_output.req_id_to_index[req_id]])
+            request.num_computed_tokens -= run
+            if req_id in self._windowed:
+                self._runs[req_id] = run
         return super().update_from_output(scheduler_output, model_runner_output)
 
 

@@ -1,0 +1,63 @@
+"""When a step of fixed window rows is worth pipelining (async scheduling on a GPU).
+
+A step scheduled before the one before it is back cannot know its windows' leading runs, so each
+window forwards the most it can need, 2W rows. That hides the host's work for a step under the
+forward before it, but the padding rows cost forward time once a step has more tokens than the
+GPU reads weights for. The scheduler asks ``PaddingGate.pipelines`` each step: pipelined with 2W
+rows per window, or after the step before it with each window's exact rows (``W`` plus its run).
+
+The model of a step (H100 measurements of the Qwen3-8B shape, BENCHMARKS 5.7 and 5.8): a forward of
+up to ``KNEE_TOKENS`` tokens costs what reading the weights costs; beyond it, each token costs its
+FLOPs at ``FLOP_RATE``. Pipelining hides ``HOST_SECONDS`` of host work. So padding pays while its
+tokens beyond the knee cost less than that: ``HOST_SECONDS * FLOP_RATE / FLOPs per token`` tokens,
+about 120 for an 8B model and tens of thousands for a small one (whose steps are all host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Host time per step that overlap hides: a synchronous one-token window step over AR's, batch 1
+#: (9.45 against 6.76 ms).
+HOST_SECONDS = 2.7e-3
+#: What a compute-bound forward achieves per token: 23 µs per token of ~15 GFLOP at batch 64.
+FLOP_RATE = 650e12
+#: Tokens a forward takes at the cost of its weight reads (bf16: 2 bytes and 2 FLOPs per weight,
+#: about 650 TFLOP/s over 2.6 TB/s): a 2W-row step of 16 windows of 16 costs no more than exact rows.
+KNEE_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class PaddingGate:
+    budget: int
+    """Tokens of forward beyond the knee that padding may cost for a step to be pipelined."""
+
+    knee: int
+    """Tokens a forward takes at no extra cost (0: every token costs, as on a CPU)."""
+
+    def pipelines(self, padded: int, exact: int) -> bool:
+        """Whether a step of ``padded`` tokens (2W rows per window) is worth running pipelined rather
+        than one of ``exact`` tokens after the step before it."""
+        return max(padded, self.knee) - max(exact, self.knee) <= self.budget
+
+
+def flops_per_token(hf_config) -> float:
+    """Forward FLOPs per token of a dense decoder's layers (2 per weight of the attention and MLP
+    projections; the LM head runs on a window's mask rows only)."""
+    hidden = hf_config.hidden_size
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim  # q, o; k, v
+    mlp = 3 * hidden * hf_config.intermediate_size  # gate, up, down
+    return 2.0 * hf_config.num_hidden_layers * (attention + mlp)
+
+
+def padding_gate(async_scheduling: bool, hf_config, budget: int | None) -> PaddingGate:
+    """The gate of an engine; ``budget`` None: "auto". Without async scheduling nothing overlaps,
+    so padding never pays ("auto" is 0) and every token counts (no knee)."""
+    if not async_scheduling:
+        return PaddingGate(budget=budget or 0, knee=0)
+    if budget is None:
+        budget = int(HOST_SECONDS * FLOP_RATE / flops_per_token(hf_config))
+    return PaddingGate(budget=budget, knee=KNEE_TOKENS)
