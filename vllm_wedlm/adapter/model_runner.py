@@ -112,6 +112,14 @@ _FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row)
 _NO_SPEC_DECODE_ROWS = SimpleNamespace(logits_indices=None)
 
 
+def _only_waits(scheduler_output: SchedulerOutput) -> bool:
+    """Whether a step schedules nothing and changes no request (a step of async scheduling that
+    only waits for the one in flight)."""
+    return not (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids
+                or scheduler_output.preempted_req_ids or scheduler_output.free_encoder_mm_hashes
+                or scheduler_output.new_block_ids_to_zero or scheduler_output.kv_cache_block_copies)
+
+
 def _ragged_arange(counts: np.ndarray) -> np.ndarray:
     """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ... (the index inside each segment)."""
     total = int(counts.sum())
@@ -188,6 +196,11 @@ class WeDLMRunnerMixin:
                                                       self.max_model_len, runs=self.wedlm_window_step_runs)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
+        if self.wedlm.fixed_window_rows and _only_waits(scheduler_output):
+            # Async scheduling's step that waits for the one in flight (the scheduler's gate holds
+            # its windows back): vLLM would take every request out of the persistent batch, as
+            # unscheduled, only to add them all again next step (host work that grows with the batch).
+            return None
         # Preempted and resumed requests keep their windows (see RequestState). A new request
         # may reuse the id of a finished one (vLLM treats them as two requests).
         stale = set(scheduler_output.finished_req_ids) | {r.req_id for r in scheduler_output.scheduled_new_reqs}
