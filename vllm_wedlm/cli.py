@@ -55,11 +55,8 @@ def _threshold(text: str) -> float | None:
     return None if text.lower() in ("none", "null") else float(text)
 
 
-def _window_size(text: str) -> int | str:
+def _int_or_auto(text: str) -> int | str:
     return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
-
-
-_async_padding = _window_size  # an integer or "auto", alike
 
 
 def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +64,7 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--decoding", dest="wedlm_decoding", choices=DECODING_MODES, default=argparse.SUPPRESS,
                        help=f"How a WeDLM model decodes (default: {DEFAULT_DECODING}). 'ar': one token per "
                        "forward, vLLM's ordinary path. 'wedlm': WeDLM's streaming parallel decoding.")
-    group.add_argument("--wedlm-window-size", type=_window_size, default=argparse.SUPPRESS,
+    group.add_argument("--wedlm-window-size", type=_int_or_auto, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}), or "
                        f"'{AUTO_WINDOW}': adapt them to the batch each step, at most {DEFAULT_WINDOW_SIZE} "
                        f"(--wedlm-window-tokens {DEFAULT_WINDOW_TOKENS}).")
@@ -86,7 +83,7 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        help="WeDLM mode: verify every fill against the model's next-token prediction before "
                        "committing it, so the output is exactly --decoding ar's (greedy: token for token; "
                        "sampled: in distribution) at several tokens per forward. Per request: 'wedlm_lossless'.")
-    group.add_argument("--wedlm-async-padding-tokens", type=_async_padding, default=argparse.SUPPRESS,
+    group.add_argument("--wedlm-async-padding-tokens", type=_int_or_auto, default=argparse.SUPPRESS,
                        help="WeDLM mode with --async-scheduling: pipeline a step (schedule it before the one "
                        "before it is back, each window padded to 2W rows) only while the padding costs at most "
                        f"about this many tokens of forward; otherwise forward exact rows, one step at a time "

@@ -116,7 +116,7 @@ def window_steps(llm) -> dict[str, int]:
 
 
 def window_steps_since(llm, before: dict[str, int]) -> dict[str, int]:
-    return {kind: count - before.get(kind, 0) for kind, count in window_steps(llm).items()}
+    return counts_since(window_steps(llm), before)
 
 
 def trained_max_number(model: str) -> int:

@@ -412,10 +412,11 @@ class WeDLMRunnerMixin:
         committed_len = torch.cat(starts)
         plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
         table.store(slots_dev, plan, committed_len)
-        for row in np.flatnonzero(step.window | new):
+        planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
+        for row in planned_afresh:
             states[row].has_window = True
         if self.wedlm_window_trace is not None:
-            for row in np.flatnonzero(step.window | new):
+            for row in planned_afresh:
                 self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
         # Each next window's leading run: returned now, forwarded (KV written) next step.
         width = max(2, window_size)

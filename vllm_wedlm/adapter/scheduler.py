@@ -216,16 +216,18 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         window_size = self.wedlm.window_size
         exact = sum(window_size + self._runs.get(request.request_id, 0) for request in windows)
         pipelined = self._gate.pipelines(len(windows) * self._window_rows, exact)
-        held = [request for request in self.running if self._held(request, pipelined)]
-        if held:
-            self.running = [request for request in self.running if not self._held(request, pipelined)]
+        held, kept = [], []
         for request in self.running:
+            (held if self._held(request, pipelined) else kept).append(request)
+        for request in kept:
             if request.request_id not in self._windowed:
                 continue
             # Not pipelined, nothing is in flight: the window is its run (N - C) and W slots.
             rows = self._window_rows if pipelined else window_size + request.num_tokens - request.num_computed_tokens
             drafts = rows + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
             request.spec_token_ids = [-1] * drafts
+        if held:
+            self.running = kept
         try:
             return super().schedule(*args, **kwargs)
         finally:
