@@ -2,13 +2,21 @@
 
     python -m benchmarks.profile_steps --model DIR --decoding wedlm --batch-size 64 --kind arithmetic
     python -m benchmarks.profile_steps --model DIR --decoding wedlm --batch-size 1 --kernel-time
+    python -m benchmarks.profile_steps --shape qwen3-8b --decoding wedlm --batch-size 16 --tau 0.4 \
+        --async-scheduling --async-padding-tokens 0 --kernel-time
 
 vLLM runs its engine core and (with one GPU) its worker in this process when
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. By default Python's profiler sees the scheduler, the model
 runner (our overrides included) and the points where the CPU waits for the GPU. With
-``--kernel-time`` (GPU) the batch runs once unprofiled for its wall time per step, then once under
-torch's profiler for the GPU's kernel time per step: what of a step the GPU is busy, hence what
-overlapping the host's work with it could save at most.
+``--kernel-time`` (GPU) the batch first runs once unprofiled for its wall time per step, then once
+under torch's profiler for the GPU's kernel time per step: what of a step the GPU is busy, hence
+what overlapping the host's work with it could save at most.
+
+``--shape`` profiles a model of a real shape on random weights instead of a trained one (as
+``benchmarks step-cost`` measures it): random prompt token ids of ``--prompt-tokens``, every answer
+``--max-tokens`` long, and ``--tau`` (e.g. 0.4: one token per forward on random weights, the step
+cost's floor). ``--async-scheduling`` runs vLLM's async scheduling (WeDLM with fixed window rows);
+``--async-padding-tokens`` sets its gate (0: every step forwards exact rows).
 """
 
 from __future__ import annotations
@@ -19,17 +27,27 @@ import io
 import json
 import os
 import pstats
+import tempfile
 import time
+from pathlib import Path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True)
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="a trained model's directory")
+    model.add_argument("--shape", help="a model shape of benchmarks step-cost (random weights), e.g. qwen3-8b")
     parser.add_argument("--decoding", choices=("ar", "wedlm"), default="wedlm")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--kind", default="arithmetic")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--window-size", type=int, help="WeDLM's W (default: the server's)")
+    parser.add_argument("--tau", type=float, help="each request's entropy threshold (default: the model's)")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="with --shape: each prompt's length")
+    parser.add_argument("--async-scheduling", action="store_true", help="vLLM's async scheduling (GPU)")
+    parser.add_argument("--async-padding-tokens", type=int, help="with --async-scheduling: the gate's budget")
+    parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to --max-tokens")
     parser.add_argument("--kernel-time", action="store_true", help="wall vs GPU kernel time per step (GPU)")
@@ -38,51 +56,87 @@ def main() -> None:
                         "(Chrome trace, Python calls included; .gz to compress)")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from benchmarks.workload import build, take
-    from vllm_wedlm.evaluation import trained_max_number
+    from vllm_wedlm.config import ASYNC_PADDING_KEY, REQUEST_ENTROPY_THRESHOLD
     from vllm_wedlm.testing import engine_kwargs
 
-    prompts = build(AutoTokenizer.from_pretrained(args.model), [args.kind], args.batch_size, 0,
-                    trained_max_number(args.model))[args.kind]
-    texts = [p.text for p in take(prompts, args.batch_size)]
-    llm = LLM(args.model, additional_config={"decoding": args.decoding}, max_num_seqs=args.batch_size,
-              **engine_kwargs(max_model_len=args.max_model_len))
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    additional_config = {"decoding": args.decoding}
+    if args.window_size is not None:
+        additional_config["window_size"] = args.window_size
+    if args.async_padding_tokens is not None:
+        additional_config[ASYNC_PADDING_KEY] = args.async_padding_tokens
+    settings = engine_kwargs(max_model_len=args.max_model_len)
+    if args.gpu_memory_utilization:
+        settings["gpu_memory_utilization"] = args.gpu_memory_utilization
+    settings.update(additional_config=additional_config, max_num_seqs=args.batch_size)
+    if args.async_scheduling:
+        settings["async_scheduling"] = True
+    if args.shape:
+        import numpy as np
+
+        from benchmarks.modes import token_budget
+        from benchmarks.step_cost import write_shape
+
+        model = str(write_shape(Path(tempfile.mkdtemp()), args.shape))
+        settings.update(load_format="dummy", max_num_batched_tokens=token_budget(args.batch_size,
+                                                                                 args.window_size or 16))
+        llm = LLM(model, **settings)
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        prompts = np.random.default_rng(0).integers(0, min(vocab, 1000), (args.batch_size, args.prompt_tokens))
+        texts = [{"prompt_token_ids": p} for p in prompts.tolist()]
+    else:
+        from transformers import AutoTokenizer
+
+        from benchmarks.workload import build, take
+        from vllm_wedlm.evaluation import trained_max_number
+
+        prompts = build(AutoTokenizer.from_pretrained(args.model), [args.kind], args.batch_size, 0,
+                        trained_max_number(args.model))[args.kind]
+        texts = [p.text for p in take(prompts, args.batch_size)]
+        llm = LLM(args.model, **settings)
+    extra_args = None if args.tau is None else {REQUEST_ENTROPY_THRESHOLD: args.tau}
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos or bool(args.shape),
+                            extra_args=extra_args)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
     if args.kernel_time:
         _kernel_time(llm, texts, params, args)
-        return
+    before = _steps(llm, args)
     profiler = cProfile.Profile()
     profiler.enable()
     outputs = llm.generate(texts, params, use_tqdm=False)
     profiler.disable()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    num_steps = _steps(llm, args, outputs) - before
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
-    print(f"{args.decoding}: {tokens} tokens, {stats.total_tt:.3f} s profiled")
+    print(f"{args.decoding}: {tokens} tokens in {num_steps} steps, {stats.total_tt:.3f} s profiled "
+          f"({stats.total_tt * 1e3 / num_steps:.2f} ms per step)")
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
 
 
+def _steps(llm, args, outputs=None) -> int:
+    """Engine steps so far: WeDLM's runner counts them (per graph mode); for AR, 0 before a run and
+    one per token of its longest answer after it (its prefill step draws the first)."""
+    from vllm_wedlm.evaluation import graph_modes
+
+    if args.decoding == "wedlm":
+        return sum(graph_modes(llm).values())
+    return max(len(o.outputs[0].token_ids) for o in outputs) if outputs else 0
+
+
 def _kernel_time(llm, texts, params, args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from vllm_wedlm.evaluation import graph_modes, window_steps
+    from vllm_wedlm.evaluation import window_steps
 
-    def steps() -> int | None:  # engine steps so far (WeDLM's runner counts them per graph mode)
-        return sum(graph_modes(llm).values()) if args.decoding == "wedlm" else None
-
-    before = steps()
+    before = _steps(llm, args)
     start = time.perf_counter()
     outputs = llm.generate(texts, params, use_tqdm=False)
     wall = time.perf_counter() - start
-    after = steps()
-    # AR: one step per token of the longest answer (its prefill step draws the first).
-    num_steps = after - before if after is not None else max(len(o.outputs[0].token_ids) for o in outputs)
+    num_steps = _steps(llm, args, outputs) - before
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=bool(args.trace)) as prof:
         llm.generate(texts, params, use_tqdm=False)
     if args.trace:

@@ -31,7 +31,14 @@ from vllm_wedlm.checkpoints.tiny import (
     write_model_files,
 )
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
-from vllm_wedlm.evaluation import counts_since, graph_modes, graph_modes_since, request_forwards, row_layouts
+from vllm_wedlm.evaluation import (
+    counts_since,
+    graph_modes,
+    graph_modes_since,
+    request_forwards,
+    row_layouts,
+    window_steps,
+)
 from vllm_wedlm.testing import engine_kwargs
 
 SHAPES = {
@@ -118,6 +125,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                     prompts = rng.integers(0, min(vocab, 1000), (batch, prompt_tokens)).tolist()
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
                     modes_before = graph_modes(llm) if decoding == "wedlm" else {}
+                    steps_before = window_steps(llm) if decoding == "wedlm" else {}
                     layouts_before = row_layouts(llm) if scheduling == "async" else {}
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
@@ -132,8 +140,9 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                         row["scheduling"] = scheduling
                     if scheduling == "async":  # the gate's choices: steps padded (pipelined) or exact
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
-                    if decoding == "wedlm":
+                    if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager
                         row["graph_modes"] = graph_modes_since(llm, modes_before)
+                        row["window_steps"] = counts_since(window_steps(llm), steps_before)
                     rows.append(row)
                     progress(len(rows), total, row)
         finally:

@@ -1,6 +1,7 @@
-"""adapter/window_step.py: the runner's step of plain windows (the function the GPU worker
-compiles) equals the one-request statement of WeDLM's step (core/step.py) for every window of a
-table, and its packet is what the host half of the window table reads.
+"""adapter/window_step.py: the runner's steps of plain windows (the functions the GPU worker
+compiles: the synchronous one and the one of fixed window rows) equal the one-request statement of
+WeDLM's step (core/step.py) for every window of a table, and the synchronous one's packet is what
+the host half of the window table reads.
 
 Random planned windows at scattered slots of a larger table, every window size, tau (including
 None) and lambda, a KV room that cuts some windows short, greedy and sampled draws, chained over
@@ -17,19 +18,23 @@ import pytest
 import torch
 
 from test_batch_step import M, V, logits_like, random_window
-from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step, plan_rows
+from vllm_wedlm.adapter.window_step import (
+    compiled_window_step,
+    fixed_rows_window_step,
+    plain_window_step,
+    plan_rows,
+)
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.core import WeDLMParams, finish_step, plan_step
-from vllm_wedlm.core.batch import WindowBatch
+from vllm_wedlm.core.batch import WindowBatch, leading_filled
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
 
-@pytest.mark.parametrize("window_size", [1, 3, 16])
-def test_plain_window_step_equals_per_request_step(window_size):
-    rng = random.Random(window_size)
-    gen = torch.Generator().manual_seed(window_size)
-    batch_size, table_slots = 12, 40
+def _random_table(rng: random.Random, window_size: int, batch_size: int, table_slots: int):
+    """A table of ``table_slots`` with the planned windows of ``batch_size`` requests at random slots
+    (random tau and lambda), as the previous step left them; (table, slots, params, committed, plans,
+    limit)."""
     table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
     slots = rng.sample(range(table_slots), batch_size)
     params = [WeDLMParams(rng.choice([None, 0.05, 0.4, 1.5, 100.0]), rng.choice([0.0, 0.02, 0.5]))
@@ -38,23 +43,45 @@ def test_plain_window_step_equals_per_request_step(window_size):
         table.set_params(slot, p)
     committed = [rng.randint(0, 40) for _ in range(batch_size)]
     limit = max(committed) + window_size + 2  # some windows meet the KV room's end
-    # Each request's planned window, as the previous step left it in the table.
     plans = [plan_step(None if rng.random() < 0.2 else random_window(rng, min(window_size, limit - c)),
-                       window_size, c, limit, M) for c in committed]
-    for slot, plan in zip(slots, plans, strict=True):
+                     window_size, c, limit, M) for c in committed]
+    for slot, plan, c in zip(slots, plans, committed, strict=True):
         n = len(plan.window)
         table.windows.tokens[slot, :n], table.windows.filled[slot, :n] = plan.window.tokens, plan.window.filled
         table.windows.length[slot] = n
+        # The device's order is a permutation of all C slots (padding last), as core.batch plans it.
+        table.order[slot] = torch.cat([plan.order, torch.arange(n, table.capacity)])
+        table.committed_len[slot] = c
+    return table, slots, params, committed, plans, limit
+
+
+def _draws(rng: random.Random, gen: torch.Generator, logits: torch.Tensor, greedy: bool):
+    """(the draws a step is given, None when ``greedy``: it draws each row's argmax itself; the
+    draws it uses)."""
+    if greedy:
+        if len(logits):
+            logits[rng.randrange(len(logits)), M] = 1e3  # the mask token is never drawn
+        return None, sample(logits, SamplingBatch(None, None, None, None), M)
+    drawn = torch.randint(0, V, (len(logits),), generator=gen)  # any draws (a greedy one is one of them)
+    drawn[drawn == M] = 0
+    return drawn, drawn
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy-inside", "draws-given"])
+@pytest.mark.parametrize("window_size", [1, 3, 16])
+def test_plain_window_step_equals_per_request_step(window_size, greedy):
+    rng = random.Random(window_size + 10 * greedy)
+    gen = torch.Generator().manual_seed(window_size)
+    table, slots, params, committed, plans, limit = _random_table(rng, window_size, 12, 40)
 
     slots_t = torch.tensor(slots)
     for step in range(5):
         counts = [plan.num_masks for plan in plans]
         logits = logits_like(rng, gen, sum(counts))  # [N, V]: the mask rows, window by window
-        tokens = torch.randint(0, V, (sum(counts),), generator=gen)  # any draws (a greedy one is one of them)
-        tokens[tokens == M] = 0
+        given, tokens = _draws(rng, gen, logits, greedy)
         next_committed = [c + plan.num_commit for c, plan in zip(committed, plans, strict=True)]
         before = table.windows.tokens.clone()
-        *following, packet = plain_window_step(table.windows, slots_t, logits, tokens, table.entropy_threshold,
+        *following, packet = plain_window_step(table.windows, slots_t, logits, given, table.entropy_threshold,
                                                table.pos_penalty, torch.tensor(next_committed), window_size, limit, M)
         assert torch.equal(table.windows.tokens, before)  # pure: the runner stores the result
         table.windows.store(slots_t, WindowBatch(*following))
@@ -81,16 +108,66 @@ def test_plain_window_step_equals_per_request_step(window_size):
     assert sum(committed) > 0
 
 
-def test_start_up_compiles_every_variant_a_step_meets():
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy-inside", "draws-given"])
+@pytest.mark.parametrize("window_size", [1, 3, 16])
+def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
+    """Fixed window rows (async scheduling): each window's W logits rows after its leading run, in
+    physical order, finish it and plan the next one as the one-request step does; the leading run
+    of each next window comes back padded with -1, and the device table's record of where each
+    window starts and of its order is the next plan's. ``greedy``: no draws given, the step draws
+    each row's argmax itself (never the mask token)."""
+    rng = random.Random(window_size + 10 * greedy)
+    gen = torch.Generator().manual_seed(window_size)
+    batch_size = 12
+    table, slots, params, committed, plans, limit = _random_table(rng, window_size, batch_size, 40)
+    slots_t = torch.tensor(slots)
+    width = max(2, window_size)
+    for step in range(5):
+        logits = logits_like(rng, gen, batch_size * window_size)  # [B * W, V]: W rows after each run
+        tokens, drawn = _draws(rng, gen, logits, greedy)
+        run = torch.tensor([plan.num_commit for plan in plans])
+        start = table.committed_len[slots_t].clone()
+        tokens_, filled, length, order, committed_len, run_tokens = fixed_rows_window_step(
+            table.windows, table.order, slots_t, logits, tokens, run, start, table.entropy_threshold,
+            table.pos_penalty, window_size, limit, M)
+        table.keep(slots_t, WindowBatch(tokens_, filled, length), order, committed_len)
+
+        entropy = row_entropy(logits).view(batch_size, window_size)
+        drawn = drawn.view(batch_size, window_size)
+        for row, (plan, p) in enumerate(zip(plans, params, strict=True)):
+            # Physical row k of the window is logits row k - num_commit; its masks are its last rows.
+            num_filled = int(plan.window.filled.sum())
+            masks = slice(num_filled - plan.num_commit, num_filled - plan.num_commit + plan.num_masks)
+            next_committed = committed[row] + plan.num_commit
+            expected = plan_step(finish_step(plan, entropy[row, masks], drawn[row, masks], p), window_size,
+                                 next_committed, limit, M)
+            n, slot = len(expected.window), slots[row]
+            assert table.windows.tokens[slot, :n].tolist() == expected.window.tokens.tolist(), (step, row)
+            assert table.windows.filled[slot, :n].tolist() == expected.window.filled.tolist(), (step, row)
+            assert int(table.windows.length[slot]) == n
+            assert table.order[slot, :n].tolist() == expected.order.tolist()
+            assert int(table.committed_len[slot]) == next_committed
+            lead = expected.input_ids[: expected.num_commit].tolist()
+            assert run_tokens[row].tolist() == (lead + [-1] * width)[:width]
+            plans[row], committed[row] = expected, next_committed
+    assert sum(plan.num_commit for plan in plans) + sum(committed) > 0
+
+
+@pytest.mark.parametrize("fixed_rows", [False, True], ids=["sync", "fixed-rows"])
+def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
     """``compiled_window_step`` compiles, at start-up, every variant that the runner's steps then
     call, with the inputs laid out and made as the runner's are (logits a strided view when the
     vocabulary is padded, slots and starts two rows of one tensor, all made in inference mode, in
-    which vLLM runs a step; the table made outside it or, as a check of the other kind, in it).
-    After it, no step compiles (``fail_on_miss`` raises if one would), every step runs the compiled
-    code, and that gives the eager function's result. The engine's own choice on a miss, eager
-    without compiling, is checked on a variant left out. torch.compile with a backend that runs the
-    traced graph as is: dynamo's guards, no C++ compiler."""
+    which vLLM runs a step; the table made outside it or, as a check of the other kind, in it;
+    draws given or, greedy, not). After it, no step compiles (``fail_on_miss`` raises if one would),
+    every step runs the compiled code, and that gives the eager function's result. The engine's own
+    choice on a miss, eager without compiling, is checked on a variant left out. torch.compile with
+    a backend that runs the traced graph as is: dynamo's guards, no C++ compiler. ``fixed_rows``:
+    the step of fixed window rows (W logits rows per window, one W: no adaptive window)."""
     window_size, padded_vocab, num_compiles, num_compiled_runs = 4, 16, [], []
+    function = fixed_rows_window_step if fixed_rows else plain_window_step
+    window_sizes = (window_size,) if fixed_rows else (1, window_size)
+    logits_at = 3 if fixed_rows else 2  # the logits' place among the step's arguments
 
     def backend(graph, example_inputs):
         num_compiles.append(1)
@@ -106,28 +183,36 @@ def test_start_up_compiles_every_variant_a_step_meets():
     def logits_of_rows(rows: int) -> torch.Tensor:  # vLLM's lm_head: padded rows, cut to the vocabulary
         return (torch.randn(rows, 8) @ weight.T)[:, :V]
 
+    def step_args(table: WindowTable, slots: list[int]) -> tuple:  # in inference mode, as the runner's step
+        for slot in slots:  # a new window of 1, 2 or W masks (1: a step of one logits row)
+            table.windows.tokens[slot], table.windows.filled[slot] = M, False
+            table.windows.length[slot] = rng.choice([1, 2, window_size])
+            table.order[slot] = torch.arange(table.capacity)  # a window of masks: in logical order
+        num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
+        logits = logits_of_rows(len(slots) * window_size if fixed_rows else num_masks)
+        tokens = None if rng.random() < 0.5 else sample(logits, SamplingBatch(None, None, None, None), M)
+        slots_t, starts = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"))
+        if fixed_rows:
+            run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
+            return (table.windows, table.order, slots_t, logits, tokens, run, starts, table.entropy_threshold,
+                    table.pos_penalty, window_size, 64, M)
+        next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
+        return (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, starts,
+                next_window_size, 64, M)
+
     rng = random.Random(0)
     for table_slots, table_in_inference_mode in ((1, False), (6, False), (6, True)):
         torch._dynamo.reset()
         with torch.inference_mode(table_in_inference_mode):
             table = WindowTable(2 * window_size, M, torch.device("cpu"), slots=table_slots)
-        step = compiled_window_step(table, logits_of_rows, (1, window_size), 64, backend=backend, fail_on_miss=True)
+        step = compiled_window_step(table, logits_of_rows, window_sizes, 64, backend=backend, fail_on_miss=True,
+                                    fixed_rows=fixed_rows)
         warmed = len(num_compiles)
-        for batch in [1, 1, 1, table_slots, 2 if table_slots > 1 else 1]:
-            slots = rng.sample(range(table_slots), batch)
+        for batch in [1, 1, 1, 1, table_slots, 2 if table_slots > 1 else 1, table_slots]:
             with torch.inference_mode():  # the runner's step
-                for slot in slots:  # a new window of 1, 2 or W masks (1: a step of one logits row)
-                    table.windows.tokens[slot], table.windows.filled[slot] = M, False
-                    table.windows.length[slot] = rng.choice([1, 2, window_size])
-                num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
-                logits = logits_of_rows(num_masks)
-                tokens = sample(logits, SamplingBatch(None, None, None, None), M)
-                slots_t, committed = plan_rows(np.array(slots), np.full(batch, 10), torch.device("cpu"))
-                next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
-                args = (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty,
-                        committed, next_window_size, 64, M)
+                args = step_args(table, rng.sample(range(table_slots), batch))
                 runs = len(num_compiled_runs)
-                compiled, eager = step(*args), plain_window_step(*args)
+                compiled, eager = step(*args), function(*args)
                 assert len(num_compiled_runs) == runs + 1  # the compiled code ran, not an eager fallback
             assert all(torch.equal(a, b) for a, b in zip(compiled, eager, strict=True))
         assert len(num_compiles) == warmed
@@ -135,12 +220,13 @@ def test_start_up_compiles_every_variant_a_step_meets():
     # The engine's step on a variant start-up did not compile (float64 logits): eager, no compile,
     # and not counted as compiled.
     runs = Counter()
-    engine_step = compiled_window_step(table, logits_of_rows, (1, window_size), 64, backend=backend, runs=runs)
+    engine_step = compiled_window_step(table, logits_of_rows, window_sizes, 64, backend=backend, runs=runs,
+                                       fixed_rows=fixed_rows)
     compiled_so_far, compiled_runs = len(num_compiles), len(num_compiled_runs)
     assert runs == {"compiled": 0}  # the warm-up's runs are not counted
     with torch.inference_mode():
-        float64 = (*args[:2], args[2].double(), *args[3:])
-        assert all(torch.equal(a, b) for a, b in zip(engine_step(*float64), plain_window_step(*float64), strict=True))
+        float64 = (*args[:logits_at], args[logits_at].double(), *args[logits_at + 1:])
+        assert all(torch.equal(a, b) for a, b in zip(engine_step(*float64), function(*float64), strict=True))
         assert len(num_compiled_runs) == compiled_runs and runs["compiled"] == 0
         engine_step(*args)  # a variant it did compile: the compiled code
         assert len(num_compiled_runs) == compiled_runs + 1 and runs["compiled"] == 1

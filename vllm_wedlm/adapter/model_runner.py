@@ -35,17 +35,20 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.adapter.window_step import compiled_window_step, plain_window_step, plan_rows
+from vllm_wedlm.adapter.window_step import (
+    compiled_window_step,
+    fixed_rows_window_step,
+    plain_window_step,
+    plan_rows,
+)
 from vllm_wedlm.adapter.window_table import WindowTable, packet_width
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 from vllm_wedlm.core.batch import (
     WindowBatch,
     drop_leading,
-    fill_masks,
     finish_windows,
     leading_filled,
     plan_windows,
-    slots_of_rows,
     verification_drafts,
     verify_windows,
 )
@@ -176,6 +179,7 @@ class WeDLMRunnerMixin:
         # A step of plain windows' device work (compiled by the GPU worker, see window_step.py);
         # "steps" counts its calls, "compiled" those that ran compiled code.
         self.wedlm_window_step: Callable = plain_window_step
+        self.wedlm_fixed_rows_step: Callable = fixed_rows_window_step  # the same, with fixed window rows
         self.wedlm_window_step_runs: Counter[str] = Counter()
         # Fixed window rows: steps whose windows all forwarded 2W rows ("padded") and the others
         # ("exact": the scheduler's gate kept the step unpipelined, or a window is near its end).
@@ -192,6 +196,12 @@ class WeDLMRunnerMixin:
         window_sizes = {self.wedlm.window_size}
         if self.wedlm.window_tokens is not None:
             window_sizes.add(1)  # the adaptive window may shrink to 1, a variant of its own
+        if self.wedlm.fixed_window_rows:
+            # Not compiled yet: on the H100 the compiled step of fixed window rows gave the eager
+            # one's tokens, but both runs of async scheduling up to batch 64 then stopped on a
+            # device-side index assert, which neither CUDA_LAUNCH_BLOCKING=1 nor the eager step
+            # showed (BENCHMARKS 5.10). Not understood yet.
+            return
         self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_sizes,
                                                       self.max_model_len, runs=self.wedlm_window_step_runs)
 
@@ -374,29 +384,46 @@ class WeDLMRunnerMixin:
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
         new = step.completes_prefill & ~has_window  # [B] first window after the prompt
         resumed = step.completes_prefill & has_window  # [B] re-prefilled after a preemption
-        parts, slot_parts, starts, sizes = [], [], [], []
-        batch_rows = [np.flatnonzero(step.window), np.flatnonzero(new), np.flatnonzero(resumed)]
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        width = max(2, window_size)
+        sampled = None  # [B, width] int32: each next window's leading run, returned now, forwarded next step
         if step.window.any():
             w_slots, run, start = self._wedlm_fixed
-            self.wedlm_request_forwards += len(batch_rows[0])
-            tokens = sample(logits, self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64)), mask_id)
-            planned = table.windows.rows(w_slots)
-            order = table.order[w_slots]
-            entropy = slots_of_rows(row_entropy(logits).view(len(w_slots), window_size), order, run)  # [Bw, C]
-            drawn = slots_of_rows(tokens.view(len(w_slots), window_size), order, run)  # [Bw, C]
-            parts.append(fill_masks(planned, run, entropy, drawn, table.entropy_threshold[w_slots],
-                                    table.pos_penalty[w_slots], mask_id))
-            slot_parts.append(w_slots)
-            starts.append(start + run)
-            sizes.append(torch.full_like(run, window_size))
-        plan_slots = np.concatenate([step.slots[rows] for rows in batch_rows])  # [P]
-        if not len(plan_slots):
-            return SamplerOutput(sampled_token_ids=torch.full((num_reqs, 2), -1, dtype=torch.int32),
-                                 logprobs_tensors=None)
-        num_new, num_resumed = len(batch_rows[1]), len(batch_rows[2])
-        host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new]]))
-        new_slots, resumed_slots, new_starts = host.to(self.device, non_blocking=True).split(
-            [num_new, num_resumed, num_new])
+            self.wedlm_request_forwards += len(window_rows)
+            sampling = self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64))
+            tokens = None if sampling.temperature is None else sample(logits, sampling, mask_id)  # None: greedy
+            self.wedlm_window_step_runs["steps"] += 1
+            *windows, order, committed_len, sampled = self.wedlm_fixed_rows_step(
+                table.windows, table.order, w_slots, logits, tokens, run, start, table.entropy_threshold,
+                table.pos_penalty, window_size, self.max_model_len, mask_id)
+            table.keep(w_slots, WindowBatch(*windows), order, committed_len)
+        if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
+            every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+            if sampled is not None:
+                every[torch.from_numpy(window_rows).to(self.device, non_blocking=True)] = sampled
+            sampled = every
+            self._start_after_prefill(step, new, resumed, sampled)
+        planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
+        for row in planned_afresh:
+            states[row].has_window = True
+        if self.wedlm_window_trace is not None:
+            for row in planned_afresh:
+                self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
+    def _start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor) -> None:
+        """Fixed window rows: plan the windows of the ``new`` ([B] bool) requests, whose prompt ended
+        this step, and of the ``resumed`` ones, re-prefilled after a preemption, into the table, and
+        write each one's leading run into its row of ``sampled`` ([B, width])."""
+        table, mask_id, window_size = self.wedlm_table, self.wedlm_mask_id, self.wedlm.window_size
+        num_new, num_resumed = int(new.sum()), int(resumed.sum())
+        if not num_new + num_resumed:
+            return
+        host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new],
+                                                np.flatnonzero(new), np.flatnonzero(resumed)]))
+        new_slots, resumed_slots, new_starts, rows = host.to(self.device, non_blocking=True).split(
+            [num_new, num_resumed, num_new, num_new + num_resumed])
+        parts, starts, sizes = [], [], []
         if num_new:
             parts.append(WindowBatch.empty(num_new, table.capacity, mask_id, self.device))
             starts.append(new_starts)  # after the prompt
@@ -408,25 +435,13 @@ class WeDLMRunnerMixin:
             parts.append(drop_leading(kept, lead, mask_id))
             starts.append(table.committed_len[resumed_slots] + lead)
             sizes.append(kept.length - lead)  # the same slots as before the preemption
-        slots_dev = torch.cat([*slot_parts, new_slots, resumed_slots])
         committed_len = torch.cat(starts)
         plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
-        table.store(slots_dev, plan, committed_len)
-        planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
-        for row in planned_afresh:
-            states[row].has_window = True
-        if self.wedlm_window_trace is not None:
-            for row in planned_afresh:
-                self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
-        # Each next window's leading run: returned now, forwarded (KV written) next step.
-        width = max(2, window_size)
+        table.keep(torch.cat([new_slots, resumed_slots]), plan.windows, plan.order, committed_len)
+        width = sampled.shape[1]
         run_tokens = plan.windows.tokens[:, :width]
-        run_tokens = torch.where(torch.arange(width, device=self.device)[None] < plan.num_commit[:, None],
-                                 run_tokens, -1)
-        sampled = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
-        sampled[torch.from_numpy(np.concatenate(batch_rows)).to(self.device, non_blocking=True)] = \
-            run_tokens.to(torch.int32)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+        sampled[rows] = torch.where(torch.arange(width, device=self.device)[None] < plan.num_commit[:, None],
+                                    run_tokens, -1).to(torch.int32)
 
     def _start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
                        committed_len: np.ndarray) -> None:
@@ -513,9 +528,11 @@ class WeDLMRunnerMixin:
         row_kind = None if plain else self._row_kinds(step)
 
         device_out = []
-        tokens = None
+        tokens = None  # [N]; in a plain step of greedy rows the window step draws them itself
         if num_rows:
-            tokens = sample(logits, self._sampling_batch(step.num_logits, step.num_ar_rows), self.wedlm_mask_id)  # [N]
+            sampling = self._sampling_batch(step.num_logits, step.num_ar_rows)
+            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None):
+                tokens = sample(logits, sampling, self.wedlm_mask_id)
         if len(plan_slots):
             # Tokens before each next window: a window's start moves by its committed run, which the
             # host knows (its leading run) unless the window is lossless (verified on the device).

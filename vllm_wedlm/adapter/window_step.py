@@ -1,13 +1,25 @@
-"""The device work of a step of plain windows, as one function that torch.compile can fuse.
+"""The device work of a step of plain windows, as functions that torch.compile can fuse.
 
 A step whose logits rows are all mask rows of plain windows (no prefill ending, no lossless or AR
-request) does the same thing every time: entropy of each mask row, fills, commit, refill and the
-next physical order (``core.batch``), then the packet the host copies back. Run eagerly that is
-about 110 small kernels, each paying the host's launch overhead: about 1 ms per step on the H100's
-host at any batch size, for a model whose forward takes less than the GPU's 0.5 ms (BENCHMARKS
-5.4). The GPU worker compiles ``plain_window_step`` when vLLM compiles the model (not with
-``--enforce-eager``), which fuses it into a few kernels (0.2-0.4 ms). It only composes ``core``'s
-functions, which the reference decoder runs eagerly; the CPU runs it eagerly too.
+request) does the same thing every time: the draw and entropy of each mask row, fills, commit,
+refill and the next physical order (``core.batch``), then what the host needs back. Run eagerly
+that is about 110 small kernels, each paying the host's launch overhead (about 1 ms per step on the
+H100's host at any batch size, BENCHMARKS 5.4), and the logits are read several times over in
+float32 (a float copy, the draw, the entropy's log-softmax, exp and products: about 1 ms per step
+of GPU time at 256 mask rows of a 151,936-token vocabulary, BENCHMARKS 5.10). Compiled, it is a few
+kernels that read the logits a few times. Two forms:
+
+* ``plain_window_step``: the synchronous runner's (each window's mask rows, its packet copied back),
+  which the GPU worker compiles when vLLM compiles the model (not with ``--enforce-eager``);
+* ``fixed_rows_window_step``: the fixed window rows' of async scheduling (W logits rows per window,
+  nothing copied back: the next windows' leading runs stay on the device). It compiles
+  (``compiled_window_step(fixed_rows=True)``), but the worker runs it eagerly for now: see
+  ``WeDLMRunnerMixin.wedlm_compile_window_step``.
+
+With every row greedy the draw is made inside (``tokens`` None): compiled, it reads the bfloat16
+logits once, with no float copy (BENCHMARKS 5.10).
+They only compose ``core``'s functions, which the reference decoder runs eagerly; the CPU runs them
+eagerly too.
 """
 
 from __future__ import annotations
@@ -23,27 +35,68 @@ import torch.fx.experimental._config
 from vllm.logger import init_logger
 
 from vllm_wedlm.adapter.window_table import WindowTable, window_packet
-from vllm_wedlm.core.batch import WindowBatch, finish_windows, leading_filled, plan_windows
+from vllm_wedlm.core.batch import (
+    WindowBatch,
+    fill_masks,
+    finish_windows,
+    leading_filled,
+    plan_windows,
+    slots_of_rows,
+)
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
 logger = init_logger("vllm.wedlm")
 
 
-def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor,
+def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor | None,
                       entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, committed_len: torch.Tensor,
                       window_size: int, limit: int, mask_id: int) -> tuple[torch.Tensor, ...]:
     """Finish the windows at ``slots`` ([B] int64) of ``table`` ([S, C], the planned windows) and
     plan their next forward; the next windows' tokens, filled and length, and their packet ([B, ...]).
 
     ``logits`` [N, V] / ``tokens`` [N] int64: the mask rows of the B windows, window by window, and
-    each one's draw; ``entropy_threshold`` / ``pos_penalty`` [S] per slot; ``committed_len`` [B]:
-    tokens before each next window. Returns plain tensors (a compiled function's outputs)."""
+    each one's draw (None: every row greedy, drawn here); ``entropy_threshold`` / ``pos_penalty`` [S]
+    per slot; ``committed_len`` [B]: tokens before each next window. Returns plain tensors (a compiled
+    function's outputs)."""
+    tokens = _greedy(logits, mask_id) if tokens is None else tokens
     planned = table.rows(slots)
     following = finish_windows(planned, leading_filled(planned.filled), row_entropy(logits), tokens,
                                entropy_threshold[slots], pos_penalty[slots], mask_id)
     plan = plan_windows(following, window_size, committed_len, limit)
     return plan.windows.tokens, plan.windows.filled, plan.windows.length, window_packet(plan)
+
+
+def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor,
+                           tokens: torch.Tensor | None, run: torch.Tensor, start: torch.Tensor,
+                           entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: int, limit: int,
+                           mask_id: int) -> tuple[torch.Tensor, ...]:
+    """``plain_window_step`` for fixed window rows: finish the windows at ``slots`` ([B] int64) of
+    ``table`` ([S, C]) from W logits rows each and plan their next forward.
+
+    ``table_order`` [S, C]: each planned window's physical order; ``logits`` [B * W, V] / ``tokens``
+    [B * W] (or None: greedy, drawn here): the W rows after each window's leading run ``run`` [B], in
+    physical order; ``start`` [B]: tokens before each window. Returns the next windows' tokens,
+    filled, length and order, the tokens before them ([B]) and each one's leading run padded with -1
+    ([B, max(2, W)] int32, the step's sampled tokens)."""
+    tokens = _greedy(logits, mask_id) if tokens is None else tokens
+    planned, order = table.rows(slots), table_order[slots]  # [B, C] each
+    batch = slots.shape[0]
+    entropy = slots_of_rows(row_entropy(logits).view(batch, window_size), order, run)  # [B, C]
+    drawn = slots_of_rows(tokens.view(batch, window_size), order, run)  # [B, C]
+    following = fill_masks(planned, run, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id)
+    committed_len = start + run
+    plan = plan_windows(following, window_size, committed_len, limit)
+    width = max(2, window_size)  # width 1 would read as one token each, not a -1-padded run
+    columns = torch.arange(width, device=logits.device)[None]  # [1, width]
+    run_tokens = torch.where(columns < plan.num_commit[:, None], plan.windows.tokens[:, :width], -1)
+    return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len,
+            run_tokens.to(torch.int32))
+
+
+def _greedy(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[N] each mask row's greedy draw: ``sample``'s, every row greedy."""
+    return sample(logits, SamplingBatch(None, None, None, None), mask_id)
 
 
 def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,40 +108,56 @@ def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) 
 
 def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor],
                          window_sizes: Iterable[int], limit: int, backend: str | Callable = "inductor",
-                         fail_on_miss: bool = False, runs: Counter | None = None) -> Callable:
-    """``plain_window_step`` compiled, its variants compiled now rather than in a request's step.
+                         fail_on_miss: bool = False, runs: Counter | None = None,
+                         fixed_rows: bool = False) -> Callable:
+    """``plain_window_step`` (or with ``fixed_rows`` ``fixed_rows_window_step``) compiled, its
+    variants compiled now rather than in a request's step.
 
     torch.compile specialises sizes 1, so one window, one mask row or W 1 compiles apart from larger
-    ones, and its guards check each input's layout (a view, its strides). ``window_sizes``: the W
-    the steps will use (1 is a variant of its own; any other stands for all but 1). So every variant is
-    run here once, on empty windows laid out as ``table``'s (the live table may hold windows whose
-    masks these few rows would not cover). Its inputs are made as the runner makes them:
-    ``logits_of_rows(n)`` gives n logits rows from the model's own logits computation
-    (a padded vocabulary makes them a strided view), and the draws, slots and starts come from
-    ``sample`` and ``plan_rows``, in inference mode as a step runs (dynamo guards on it: a warm-up
-    outside it left every GPU step eager). After that nothing compiles: a variant not compiled here runs
-    eagerly rather than compiling inside a request's step (seconds: the H100 showed two such
-    stalls at batch 1; BENCHMARKS.md 5.4), or raises with ``fail_on_miss`` (for tests).
-    ``runs["compiled"]`` counts the calls after start-up that ran compiled code (an eager fallback
-    is silent otherwise)."""
+    ones, a greedy step (no draws given) apart from one with draws, and its guards check each
+    input's layout (a view, its strides). ``window_sizes``: the W the steps will use (1 is a variant
+    of its own; any other stands for all but 1). So every variant is run here once, on empty windows
+    laid out as ``table``'s (the live table may hold windows whose masks these few rows would not
+    cover). Its inputs are made as the runner makes them: ``logits_of_rows(n)`` gives n logits rows
+    from the model's own logits computation (a padded vocabulary makes them a strided view), and the
+    draws, slots and starts come from ``sample`` and ``plan_rows``, in inference mode as a step runs
+    (dynamo guards on it: a warm-up outside it left every GPU step eager). After that nothing
+    compiles: a variant not compiled here runs eagerly rather than compiling inside a request's step
+    (seconds: the H100 showed two such stalls at batch 1; BENCHMARKS.md 5.4), or raises with
+    ``fail_on_miss`` (for tests). ``runs["compiled"]`` counts the calls after start-up that ran
+    compiled code (an eager fallback is silent otherwise)."""
     begin = time.perf_counter()
     runs = Counter() if runs is None else runs
-    step = torch.compile(plain_window_step, dynamic=True, backend=_counting(backend, runs))
+    function = fixed_rows_window_step if fixed_rows else plain_window_step
+    step = torch.compile(function, dynamic=True, backend=_counting(backend, runs))
     # Without duck shaping: sizes that happen to be equal here (two windows, and the two rows of
     # plan_rows' tensor) must not become one symbol, which a later step's sizes would break.
     # The guards check inference mode and which inputs were made in it: a step runs in it (vLLM's
     # execute_model) and makes its own tensors there, the table's were made at the runner's start.
     with torch.inference_mode(table.windows.tokens.is_inference()):
         empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
+        order, committed_len = torch.zeros_like(table.order), torch.zeros_like(table.committed_len)
         tau, lam = torch.zeros_like(table.entropy_threshold), torch.zeros_like(table.pos_penalty)
-    with torch.fx.experimental._config.patch(use_duck_shape=False), torch.inference_mode():
-        for window_size, windows, masks in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2)):
+    # Each variant is an entry of the function's cache, more than dynamo's default limit of 8 (an
+    # adaptive window's step has 10): past it dynamo would run the variant eagerly.
+    with (torch.fx.experimental._config.patch(use_duck_shape=False), torch._dynamo.config.patch(recompile_limit=64),
+          torch.inference_mode()):
+        for window_size, windows, masks, greedy in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2),
+                                                                     (True, False)):
             if windows > len(table.pos_penalty) or masks > window_size or windows == masks == 2:
-                continue
+                continue  # (2 windows of 2 masks: a variant 2 windows of 1 mask stands for)
+            if fixed_rows:  # W logits rows per window
+                if masks == 2:
+                    continue
+                masks = window_size
             logits = logits_of_rows(windows * masks)
-            tokens = sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
-            slots, committed_len = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
-            step(empty, slots, logits, tokens, tau, lam, committed_len, window_size, limit, table.mask_id)
+            tokens = None if greedy else sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
+            slots, starts = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
+            if fixed_rows:  # each window's run and start gathered from the table, as _prepare_fixed_rows does
+                step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
+                     tau, lam, window_size, limit, table.mask_id)
+            else:
+                step(empty, slots, logits, tokens, tau, lam, starts, window_size, limit, table.mask_id)
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)

@@ -93,14 +93,18 @@ class WindowTable:
         self.host = self.host.grown(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-    def store(self, slots: torch.Tensor, plan: BatchPlan, committed_len: torch.Tensor | None = None) -> torch.Tensor:
-        """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet.
-        With ``committed_len`` ([P], device): the device's own record of where they start and their order."""
+    def store(self, slots: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+        """Keep ``plan`` ([P] windows) at ``slots`` ([P] int64, device); its [P, packet_width] packet."""
         self.windows.store(slots, plan.windows)
-        if committed_len is not None:
-            self.committed_len[slots] = committed_len
-            self.order[slots] = plan.order
         return window_packet(plan)
+
+    def keep(self, slots: torch.Tensor, windows: WindowBatch, order: torch.Tensor, committed_len: torch.Tensor) -> None:
+        """Keep planned windows ([P]) at ``slots`` ([P] int64, device) with the device's own record of
+        their physical order ([P, C]) and where they start ([P]): fixed window rows lay out the next
+        forward from these, the host half is not written."""
+        self.windows.store(slots, windows)
+        self.committed_len[slots] = committed_len
+        self.order[slots] = order
 
     def start(self, slots: np.ndarray, plan: BatchPlan, committed_len: np.ndarray) -> None:
         """Keep ``plan`` ([P] windows, planned on the host) at ``slots`` ([P]), both halves."""
