@@ -334,8 +334,14 @@ class WeDLMRunnerMixin:
             return torch.zeros(0, dtype=torch.long, device=self.device), None
         table = self.wedlm_table
         rows = n[b] - prompt_rows[b]  # [Bw] window rows: Q when pipelined, else each window's own
+        q = max_window_tokens(self.wedlm.window_size)
+        for i in np.flatnonzero(rows > q):
+            # The layout below indexes the table by these rows on the device: say which request,
+            # rather than a device-side index assert later.
+            raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
+                               f"2W = {q} (fixed window rows)")
         if has_window[b].any():  # a first window forwards its W masks after the prompt either way
-            padded = (rows[has_window[b]] == max_window_tokens(self.wedlm.window_size)).all()
+            padded = (rows[has_window[b]] == q).all()
             self.wedlm_row_layouts["padded" if padded else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of

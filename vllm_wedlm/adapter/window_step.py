@@ -17,9 +17,8 @@ kernels that read the logits a few times. Two forms:
   ``WeDLMRunnerMixin.wedlm_compile_window_step``.
 
 With every row greedy the draw is made inside (``tokens`` None): compiled, it reads the bfloat16
-logits once, with no float copy (BENCHMARKS 5.10).
-They only compose ``core``'s functions, which the reference decoder runs eagerly; the CPU runs them
-eagerly too.
+logits once, with no float copy (BENCHMARKS 5.10). Both only compose ``core``'s functions, which the
+reference decoder runs eagerly; the CPU runs them eagerly too.
 """
 
 from __future__ import annotations
