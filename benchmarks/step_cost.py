@@ -38,6 +38,7 @@ from vllm_wedlm.evaluation import (
     request_forwards,
     row_layouts,
     window_steps,
+    window_steps_since,
 )
 from vllm_wedlm.testing import engine_kwargs
 
@@ -142,7 +143,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager
                         row["graph_modes"] = graph_modes_since(llm, modes_before)
-                        row["window_steps"] = counts_since(window_steps(llm), steps_before)
+                        row["window_steps"] = window_steps_since(llm, steps_before)
                     rows.append(row)
                     progress(len(rows), total, row)
         finally:

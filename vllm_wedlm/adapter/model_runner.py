@@ -38,6 +38,7 @@ from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.window_step import (
     compiled_window_step,
     fixed_rows_window_step,
+    leading_runs,
     plain_window_step,
     plan_rows,
 )
@@ -188,6 +189,12 @@ class WeDLMRunnerMixin:
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
         compiled the model and captured its graphs."""
+        if self.wedlm.fixed_window_rows:
+            # Not compiled yet: on the H100 the compiled step of fixed window rows gave the eager
+            # one's tokens, but both runs of async scheduling up to batch 64 then stopped on a
+            # device-side index assert, which neither CUDA_LAUNCH_BLOCKING=1 nor the eager step
+            # showed (BENCHMARKS 5.10). Not understood yet.
+            return
         hidden_size = self.model_config.get_hidden_size()
 
         def logits_of_rows(rows: int) -> torch.Tensor:  # [rows, V], laid out as a step's logits are
@@ -196,12 +203,6 @@ class WeDLMRunnerMixin:
         window_sizes = {self.wedlm.window_size}
         if self.wedlm.window_tokens is not None:
             window_sizes.add(1)  # the adaptive window may shrink to 1, a variant of its own
-        if self.wedlm.fixed_window_rows:
-            # Not compiled yet: on the H100 the compiled step of fixed window rows gave the eager
-            # one's tokens, but both runs of async scheduling up to batch 64 then stopped on a
-            # device-side index assert, which neither CUDA_LAUNCH_BLOCKING=1 nor the eager step
-            # showed (BENCHMARKS 5.10). Not understood yet.
-            return
         self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_sizes,
                                                       self.max_model_len, runs=self.wedlm_window_step_runs)
 
@@ -444,10 +445,7 @@ class WeDLMRunnerMixin:
         committed_len = torch.cat(starts)
         plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
         table.keep(torch.cat([new_slots, resumed_slots]), plan.windows, plan.order, committed_len)
-        width = sampled.shape[1]
-        run_tokens = plan.windows.tokens[:, :width]
-        sampled[rows] = torch.where(torch.arange(width, device=self.device)[None] < plan.num_commit[:, None],
-                                    run_tokens, -1).to(torch.int32)
+        sampled[rows] = leading_runs(plan, sampled.shape[1])
 
     def _start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
                        committed_len: np.ndarray) -> None:

@@ -35,6 +35,7 @@ from vllm.logger import init_logger
 
 from vllm_wedlm.adapter.window_table import WindowTable, window_packet
 from vllm_wedlm.core.batch import (
+    BatchPlan,
     WindowBatch,
     fill_masks,
     finish_windows,
@@ -87,10 +88,15 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     committed_len = start + run
     plan = plan_windows(following, window_size, committed_len, limit)
     width = max(2, window_size)  # width 1 would read as one token each, not a -1-padded run
-    columns = torch.arange(width, device=logits.device)[None]  # [1, width]
-    run_tokens = torch.where(columns < plan.num_commit[:, None], plan.windows.tokens[:, :width], -1)
     return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len,
-            run_tokens.to(torch.int32))
+            leading_runs(plan, width))
+
+
+def leading_runs(plan: BatchPlan, width: int) -> torch.Tensor:
+    """[P, width] int32: each planned window's leading run (what its forward commits), padded with
+    -1, as vLLM reads a step's sampled tokens."""
+    columns = torch.arange(width, device=plan.num_commit.device)[None]  # [1, width]
+    return torch.where(columns < plan.num_commit[:, None], plan.windows.tokens[:, :width], -1).to(torch.int32)
 
 
 def _greedy(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -150,7 +156,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
                     continue
                 masks = window_size
             logits = logits_of_rows(windows * masks)
-            tokens = None if greedy else sample(logits, SamplingBatch(None, None, None, None), table.mask_id)
+            tokens = None if greedy else _greedy(logits, table.mask_id)
             slots, starts = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
             if fixed_rows:  # each window's run and start gathered from the table, as _prepare_fixed_rows does
                 step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
