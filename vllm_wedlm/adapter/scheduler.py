@@ -178,10 +178,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     * before each schedule, a window to forward R rows gets ``R + C - N - P`` placeholder drafts,
       so that vLLM schedules exactly R rows (``N + drafts + P - C``); all of them count as drafts;
-    * a step's output removes its drafts again (vLLM takes the rejected ones, ``update_from_output``
-      the accepted ones: the run they report is forwarded next step), so ``C - P`` is always the
-      KV frontier the finished steps wrote, which vLLM's async scheduler caches up to, and with no
-      step in flight ``C`` is the frontier itself, where the next window starts, and ``N - C`` its run;
+    * a step's output removes its drafts again: vLLM takes the rejected ones, ``update_from_output``
+      the accepted ones, the run they report, unless the request's next window step is in flight
+      already, whose 2W rows forward that run and counted it when they were scheduled. So ``C - P``
+      is the KV frontier of the steps scheduled so far, short of the runs not back yet (which
+      vLLM's async scheduler caches up to), and with no step in flight ``C`` is the frontier
+      itself, where the next window starts, and ``N - C`` its run;
     * a window in flight is left out of a schedule (``_held``) when the step is not pipelined, or
       when vLLM would cut its next Q rows at ``max_model_len`` (C only bounds the start from above
       while a step is in flight): it then starts at C exactly, and the runner's plan keeps it within
@@ -202,6 +204,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._runs: dict[str, int] = {}
         # id(scheduler_output) -> first windows that rode with a prompt in that step (steps overlap).
         self._first_windows_of: dict[int, dict[str, int]] = {}
+        # id(scheduler_output) -> the requests whose windows that step forwards, for the steps
+        # scheduled and not yet back (at most two: vLLM's batch queue).
+        self._in_flight: dict[int, set[str]] = {}
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
@@ -227,12 +232,16 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             drafts = rows + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
             request.spec_token_ids = [-1] * drafts
         if held:
+            # Out of vLLM's sight for this schedule, but still running: not a free place for a
+            # waiting request (the runner's batch holds max_num_seqs requests).
             self.running = kept
+            self.max_num_running_reqs -= len(held)
         try:
             return super().schedule(*args, **kwargs)
         finally:
             if held:
                 self.running = held + self.running
+                self.max_num_running_reqs += len(held)
 
     def _held(self, request, pipelined: bool) -> bool:
         return request.num_output_placeholders > 0 and (
@@ -245,6 +254,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     def _update_after_schedule(self, scheduler_output) -> None:
         super()._update_after_schedule(scheduler_output)
         self._first_windows_of[id(scheduler_output)] = self._first_windows
+        self._in_flight[id(scheduler_output)] = set(scheduler_output.scheduled_spec_decode_tokens)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.num_computed_tokens >= request.num_tokens:
@@ -252,15 +262,20 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         self._first_windows = self._first_windows_of.pop(id(scheduler_output), {})
+        self._in_flight.pop(id(scheduler_output), None)
         drafted = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
                 continue
-            # The run a window step returns is the next window's leading run: KV written next step.
+            # The run a window step returns is the next window's leading run, whose KV the
+            # request's next window step writes. If that step is in flight already (scheduled
+            # pipelined, before this output), it was counted computed when it was scheduled: its
+            # 2W rows cover the run. Otherwise it is still to be scheduled.
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
-            request.num_computed_tokens -= run
+            if not any(req_id in later for later in self._in_flight.values()):
+                request.num_computed_tokens -= run
             if req_id in self._windowed:
                 self._runs[req_id] = run
         return super().update_from_output(scheduler_output, model_runner_output)

@@ -1,0 +1,214 @@
+"""The scheduler of fixed window rows under async scheduling: every window gets the rows it needs.
+
+Under async scheduling (GPU only) vLLM schedules a step while the one before it is in flight, so
+the scheduler keeps each request's counts (computed tokens, output placeholders) while the runs a
+window step returns arrive one step late, and holds some windows out of a schedule. Which
+interleavings happen depends on when requests arrive, so an engine run covers few of them. Here
+the real ``WeDLMFixedRowsScheduler`` (vLLM's async scheduler beneath it, its real KV cache manager,
+prefix caching and preemption) is driven in vLLM's batch-queue order (two steps in flight) with
+requests arriving at random, and every scheduled step is checked against what a window needs. The
+step results come from a model of the runner that tracks counts only (``WindowCounts``): each
+window's filled slots, planned as ``core.batch.plan_windows`` plans them, with fills drawn at
+random. The GPU runs the real engine with async scheduling in ``test_fixed_window_rows.py``.
+
+This found the bug behind the device-side index asserts seen at batch 64 (BENCHMARKS 5.10): a run
+returned while the request's next window step was already in flight was taken off the computed
+tokens once too often, so after a held step a window was scheduled rows for two runs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from conftest import build_checkpoint
+from vllm_wedlm.checkpoints.tiny import TinySpec
+
+MAX_MODEL_LEN = 368
+PROMPT_TOKENS = 128
+BLOCK_SIZE = 16
+
+
+@dataclass
+class WindowCounts:
+    """What the runner knows of one request, counts only: where its KV ends and its window."""
+
+    prompt: int
+    computed: int  # tokens with KV written
+    fill_rate: float  # chance that a mask is filled in a step (1: every mask, as with a huge tau)
+    filled: list[bool] | None = None  # the planned window's slots, None before its first one
+    resuming: bool = False  # re-prefilling after a preemption (the window is kept)
+    start: int = 0  # tokens before the planned window
+
+    def plan(self, filled: list[bool], window_size: int, keep_length: bool = False) -> int:
+        """Plan the next window from ``filled`` (slot order, after the committed run): its leading
+        run, then masks up to ``window_size`` slots after it, within max_model_len (as
+        ``core.batch.plan_windows``); the run, which the step returns."""
+        self.start = self.computed
+        run = next((i for i, f in enumerate(filled) if not f), len(filled))
+        filled_end = max((i + 1 for i, f in enumerate(filled) if f), default=0)
+        length = len(filled) if keep_length else max(run + window_size, filled_end)
+        length = min(length, max(MAX_MODEL_LEN - self.computed, len(filled)))
+        self.filled = filled[:length] + [False] * (length - len(filled))
+        return run
+
+    def forward(self, rng: random.Random, window_size: int) -> int:
+        """The planned window's forward: its leading run's KV is written, some masks filled."""
+        masks = [i for i, f in enumerate(self.filled) if not f]
+        chosen = {i for i in masks if rng.random() < self.fill_rate} or ({rng.choice(masks)} if masks else set())
+        filled = [f or i in chosen for i, f in enumerate(self.filled)]
+        run = next((i for i, f in enumerate(self.filled) if not f), len(self.filled))
+        self.computed += run
+        return self.plan(filled[run:], window_size)
+
+
+@dataclass
+class RunnerCounts:
+    """The step results of the fixed-rows runner, from each request's ``WindowCounts``, checking
+    that each window is scheduled 2W rows (pipelined) or exactly its own (not)."""
+
+    window_size: int
+    rng: random.Random
+    requests: dict[str, WindowCounts] = field(default_factory=dict)
+    layouts: dict[str, int] = field(default_factory=lambda: {"padded": 0, "exact": 0})
+    resumed: int = 0  # windows kept through a preemption
+
+    def execute(self, out, scheduler):
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+        for req_id in out.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = WindowCounts(len(new.prompt_token_ids), new.num_computed_tokens,
+                                                     self.rng.choice([1.0, 1.0, 0.5, 0.2, 0.0]))
+        cached = out.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            if req_id in cached.resumed_req_ids:  # preempted: re-prefilled from here
+                self.requests[req_id].computed, self.requests[req_id].resuming = computed, True
+                self.resumed += 1
+        if not out.total_num_scheduled_tokens:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        req_ids = list(out.num_scheduled_tokens)
+        runs = [self._step(req_id, out, scheduler) for req_id in req_ids]
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=[[7] * run for run in runs])
+
+    def _step(self, req_id: str, out, scheduler) -> int:
+        """One request's part of a step; the run it returns."""
+        rows = out.num_scheduled_tokens[req_id]
+        drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+        window = self.requests[req_id]
+        w, q = self.window_size, 2 * self.window_size
+        if window.resuming:  # its window comes back once the output tokens are prefilled again
+            assert not drafts, req_id
+            window.computed += rows
+            if window.computed < scheduler.requests[req_id].num_tokens:
+                return 0
+            window.resuming = False
+            run = next((i for i, f in enumerate(window.filled) if not f), len(window.filled))
+            assert window.computed == window.start + run, (req_id, window)  # the run went back as output
+            return window.plan(window.filled[run:], w, keep_length=True)
+        if window.filled is None:  # its prompt, perhaps with its first window after it
+            window.computed += rows - drafts
+            assert window.computed <= window.prompt and (not drafts or window.computed == window.prompt)
+            if window.computed < window.prompt:
+                return 0
+            window.plan([], w)
+            if not drafts:
+                return 0  # an empty window's run
+            assert drafts == len(window.filled), (req_id, drafts, window)
+        else:
+            needed = len(window.filled)
+            assert rows in (q, needed), f"{req_id}: {rows} rows for a window of {needed} (2W = {q})"
+            self.layouts["padded" if rows == q else "exact"] += 1
+        return window.forward(self.rng, w)
+
+
+def make_scheduler(path, window_size: int, padding, num_blocks: int):
+    """The engine's scheduler, with async scheduling on (vLLM's CPU platform turns it off)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = EngineArgs(model=str(path), max_model_len=MAX_MODEL_LEN, max_num_seqs=64, max_num_batched_tokens=8192,
+                        block_size=BLOCK_SIZE,
+                        additional_config={"decoding": "wedlm", "window_size": window_size,
+                                           "fixed_window_rows": True,
+                                           "async_padding_tokens": padding}).create_engine_config()
+    config.scheduler_config.async_scheduling = True
+    config.cache_config.num_gpu_blocks = num_blocks
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    scheduler = config.scheduler_config.get_scheduler_cls()(config, kv_cache, StructuredOutputManager(config),
+                                                            block_size=BLOCK_SIZE)
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return scheduler, get_request_block_hasher(BLOCK_SIZE, hash_fn)
+
+
+def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: int, batch: int,
+          one_call_at_a_time: bool) -> int:
+    """Send ``calls`` batches of requests (the same prompts each call, so later calls hit the
+    prefix cache) arriving a few at a time, and run the engine's batch-queue loop until all
+    finish; the steps scheduled."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    prompts = [[rng.randrange(1000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+    pending = deque()
+    for call in range(calls):
+        params = SamplingParams(temperature=0.0, max_tokens=rng.choice([8, 17, 64, 100, 192]), ignore_eos=True)
+        pending.append([Request(f"{call}-{i}", prompt, params, None, arrival_time=0.0, block_hasher=hasher)
+                        for i, prompt in enumerate(prompts)])
+    in_flight = deque()  # (output, scheduler output), oldest last: vLLM's batch queue
+    steps = 0
+    while pending or scheduler.has_requests() or in_flight:
+        busy = scheduler.has_requests() or in_flight
+        if pending and not (one_call_at_a_time and busy and len(pending[0]) == batch):
+            for _ in range(min(rng.choice([0, 1, 2, 5, batch]), len(pending[0]))):
+                scheduler.add_request(pending[0].pop(0))
+            if not pending[0]:
+                pending.popleft()
+        if scheduler.has_requests():
+            out = scheduler.schedule()
+            assert len(scheduler.running) <= scheduler.max_num_running_reqs
+            in_flight.appendleft((runner.execute(out, scheduler), out))
+            steps += 1
+            if len(in_flight) < 2 and scheduler.has_requests():
+                continue  # vLLM schedules another step before it waits for this one
+        if in_flight:
+            output, out = in_flight.pop()
+            scheduler.update_from_output(out, output)
+        assert steps < 20000, "no progress"
+    return steps
+
+
+@pytest.mark.parametrize("window_size,padding,one_call_at_a_time,num_blocks,exact,preempted", [
+    # A tiny model's gate pads every step (2W rows, pipelined) ...
+    (16, "auto", True, 4000, False, False),
+    (16, "auto", False, 300, False, True),  # calls overlap: more requests than max_num_seqs; preemption
+    # ... with no padding budget, a step of 64 windows whose runs are short forwards exact rows
+    # after the one before it (windows held), and pipelines when every run is whole.
+    (16, 0, True, 4000, True, False),
+    (16, 0, False, 600, True, True),
+    (4, 0, True, 4000, True, False),
+])
+def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_a_time, num_blocks, exact,
+                                    preempted):
+    path = build_checkpoint(tmp_path, TinySpec(variant="qwen3"))
+    scheduler, hasher = make_scheduler(path, window_size, padding, num_blocks)
+    for seed in range(3):
+        rng = random.Random(seed)
+        runner = RunnerCounts(window_size, rng)
+        drive(scheduler, hasher, runner, rng, calls=3, batch=64, one_call_at_a_time=one_call_at_a_time)
+        assert not scheduler.has_requests()
+        assert runner.layouts["padded"], runner.layouts
+        assert bool(runner.layouts["exact"]) == exact, runner.layouts
+        assert bool(runner.resumed) == preempted, runner.resumed
