@@ -188,13 +188,7 @@ class WeDLMRunnerMixin:
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
-        compiled the model and captured its graphs."""
-        if self.wedlm.fixed_window_rows:
-            # Not compiled yet: on the H100 the compiled step of fixed window rows gave the eager
-            # one's tokens, but both runs of async scheduling up to batch 64 then stopped on a
-            # device-side index assert, which neither CUDA_LAUNCH_BLOCKING=1 nor the eager step
-            # showed (BENCHMARKS 5.10). Not understood yet.
-            return
+        compiled the model and captured its graphs; with fixed window rows, their step."""
         hidden_size = self.model_config.get_hidden_size()
 
         def logits_of_rows(rows: int) -> torch.Tensor:  # [rows, V], laid out as a step's logits are
@@ -203,8 +197,12 @@ class WeDLMRunnerMixin:
         window_sizes = {self.wedlm.window_size}
         if self.wedlm.window_tokens is not None:
             window_sizes.add(1)  # the adaptive window may shrink to 1, a variant of its own
-        self.wedlm_window_step = compiled_window_step(self.wedlm_table, logits_of_rows, window_sizes,
-                                                      self.max_model_len, runs=self.wedlm_window_step_runs)
+        step = compiled_window_step(self.wedlm_table, logits_of_rows, window_sizes, self.max_model_len,
+                                    runs=self.wedlm_window_step_runs, fixed_rows=self.wedlm.fixed_window_rows)
+        if self.wedlm.fixed_window_rows:
+            self.wedlm_fixed_rows_step = step
+        else:
+            self.wedlm_window_step = step
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:
         if self.wedlm.fixed_window_rows and _only_waits(scheduler_output):

@@ -12,9 +12,8 @@ kernels that read the logits a few times. Two forms:
 * ``plain_window_step``: the synchronous runner's (each window's mask rows, its packet copied back),
   which the GPU worker compiles when vLLM compiles the model (not with ``--enforce-eager``);
 * ``fixed_rows_window_step``: the fixed window rows' of async scheduling (W logits rows per window,
-  nothing copied back: the next windows' leading runs stay on the device). It compiles
-  (``compiled_window_step(fixed_rows=True)``), but the worker runs it eagerly for now: see
-  ``WeDLMRunnerMixin.wedlm_compile_window_step``.
+  nothing copied back: the next windows' leading runs stay on the device), compiled likewise
+  (``compiled_window_step(fixed_rows=True)``).
 
 With every row greedy the draw is made inside (``tokens`` None): compiled, it reads the bfloat16
 logits once, with no float copy (BENCHMARKS 5.10). Both only compose ``core``'s functions, which the
