@@ -115,21 +115,26 @@ def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
     physical order, finish it and plan the next one as the one-request step does; the leading run
     of each next window comes back padded with -1, and the device table's record of where each
     window starts and of its order is the next plan's. ``greedy``: no draws given, the step draws
-    each row's argmax itself (never the mask token)."""
+    each row's argmax itself (never the mask token). A window given fewer rows than it has (the
+    scheduler predicted a shorter run) is void: it drops its run and fills nothing."""
     rng = random.Random(window_size + 10 * greedy)
     gen = torch.Generator().manual_seed(window_size)
     batch_size = 12
     table, slots, params, committed, plans, limit = _random_table(rng, window_size, batch_size, 40)
     slots_t = torch.tensor(slots)
     width = max(2, window_size)
+    voids = 0
     for step in range(5):
         logits = logits_like(rng, gen, batch_size * window_size)  # [B * W, V]: W rows after each run
         tokens, drawn = _draws(rng, gen, logits, greedy)
         run = torch.tensor([plan.num_commit for plan in plans])
         start = table.committed_len[slots_t].clone()
+        # Rows forwarded: 2W, the window's own, or (void) W and a run shorter than its own.
+        rows = [window_size + rng.randrange(plan.num_commit) if plan.num_commit and rng.random() < 0.3
+                else rng.choice([2 * window_size, len(plan.window)]) for plan in plans]
         tokens_, filled, length, order, committed_len, run_tokens = fixed_rows_window_step(
-            table.windows, table.order, slots_t, logits, tokens, run, start, table.entropy_threshold,
-            table.pos_penalty, window_size, limit, M)
+            table.windows, table.order, slots_t, logits, tokens, run, start, torch.tensor(rows),
+            table.entropy_threshold, table.pos_penalty, window_size, limit, M)
         table.keep(slots_t, WindowBatch(tokens_, filled, length), order, committed_len)
 
         entropy = row_entropy(logits).view(batch_size, window_size)
@@ -139,8 +144,12 @@ def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
             num_filled = int(plan.window.filled.sum())
             masks = slice(num_filled - plan.num_commit, num_filled - plan.num_commit + plan.num_masks)
             next_committed = committed[row] + plan.num_commit
-            expected = plan_step(finish_step(plan, entropy[row, masks], drawn[row, masks], p), window_size,
-                                 next_committed, limit, M)
+            if len(plan.window) > rows[row]:  # void: the run's KV written, nothing filled
+                voids += 1
+                following = plan.window.dropped(plan.num_commit)
+            else:
+                following = finish_step(plan, entropy[row, masks], drawn[row, masks], p)
+            expected = plan_step(following, window_size, next_committed, limit, M)
             n, slot = len(expected.window), slots[row]
             assert table.windows.tokens[slot, :n].tolist() == expected.window.tokens.tolist(), (step, row)
             assert table.windows.filled[slot, :n].tolist() == expected.window.filled.tolist(), (step, row)
@@ -151,6 +160,7 @@ def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
             assert run_tokens[row].tolist() == (lead + [-1] * width)[:width]
             plans[row], committed[row] = expected, next_committed
     assert sum(plan.num_commit for plan in plans) + sum(committed) > 0
+    assert voids > 0
 
 
 @pytest.mark.parametrize("fixed_rows", [False, True], ids=["sync", "fixed-rows"])
@@ -192,9 +202,10 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
         logits = logits_of_rows(len(slots) * window_size if fixed_rows else num_masks)
         tokens = None if rng.random() < 0.5 else sample(logits, SamplingBatch(None, None, None, None), M)
         slots_t, starts = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"))
-        if fixed_rows:
+        if fixed_rows:  # slots and rows two rows of one tensor, as _prepare_fixed_rows makes them
+            slots_t, rows = plan_rows(np.array(slots), np.full(len(slots), 2 * window_size), torch.device("cpu"))
             run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
-            return (table.windows, table.order, slots_t, logits, tokens, run, starts, table.entropy_threshold,
+            return (table.windows, table.order, slots_t, logits, tokens, run, starts, rows, table.entropy_threshold,
                     table.pos_penalty, window_size, 64, M)
         next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
         return (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, starts,

@@ -165,7 +165,7 @@ class WeDLMRunnerMixin:
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
         self._wedlm_step: StepRows | None = None
-        # Fixed window rows: the step's windows' slots, leading runs and starts (device, [Bw] each).
+        # Fixed window rows: the step's windows' slots, leading runs, starts and rows (device, [Bw] each).
         self._wedlm_fixed: tuple[torch.Tensor, ...] = ()
         self._wedlm_next_windows: dict[str, list[int]] = {}
         self._wedlm_unforwarded: dict[str, int] = {}
@@ -183,8 +183,10 @@ class WeDLMRunnerMixin:
         self.wedlm_fixed_rows_step: Callable = fixed_rows_window_step  # the same, with fixed window rows
         self.wedlm_window_step_runs: Counter[str] = Counter()
         # Fixed window rows: steps whose windows all forwarded 2W rows ("padded") and the others
-        # ("exact": the scheduler's gate kept the step unpipelined, or a window is near its end).
+        # ("exact": the scheduler's gate chose each window's own rows, or a predicted run's), and
+        # the windows that were void for a step (their run outgrew the prediction), on the device.
         self.wedlm_row_layouts: Counter[str] = Counter()
+        self._wedlm_void_windows = torch.zeros((), dtype=torch.long, device=self.device)
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
@@ -304,7 +306,9 @@ class WeDLMRunnerMixin:
         """``_prepare_inputs`` with fixed window rows (``config.FIXED_ROWS_KEY``): each window's rows, up
         to Q = 2W, are laid out from the device table (the host may not know the window yet, when the
         step before is still running), and its logits rows are the W after its leading run, which
-        hold every mask row. Plain windows only (the validator turns other requests away)."""
+        hold every mask row unless the window is void (given fewer rows than it has, for a run
+        longer than the scheduler predicted: ``fixed_rows_window_step``). Plain windows only (the
+        validator turns other requests away)."""
         super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         num_reqs = self.input_batch.num_reqs
         req_ids = self.input_batch.req_ids[:num_reqs]
@@ -339,6 +343,7 @@ class WeDLMRunnerMixin:
             # rather than a device-side index assert later.
             raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
                                f"2W = {q} (fixed window rows)")
+        padded = True
         if has_window[b].any():  # a first window forwards its W masks after the prompt either way
             padded = (rows[has_window[b]] == q).all()
             self.wedlm_row_layouts["padded" if padded else "exact"] += 1
@@ -367,7 +372,9 @@ class WeDLMRunnerMixin:
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
         k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
         logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
-        self._wedlm_fixed = (w_slots, run, start)
+        self._wedlm_fixed = (w_slots, run, start, w_rows)
+        if not padded:  # windows given a predicted run's rows: count the void ones (no host sync)
+            self._wedlm_void_windows = self._wedlm_void_windows + (table.windows.length[w_slots] > w_rows).sum()
         return logits_rows.flatten(), None
 
     def _prepare_input_ids(self, *args, **kwargs):
@@ -393,13 +400,13 @@ class WeDLMRunnerMixin:
         width = max(2, window_size)
         sampled = None  # [B, width] int32: each next window's leading run, returned now, forwarded next step
         if step.window.any():
-            w_slots, run, start = self._wedlm_fixed
+            w_slots, run, start, rows = self._wedlm_fixed
             self.wedlm_request_forwards += len(window_rows)
             sampling = self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64))
             tokens = None if sampling.temperature is None else sample(logits, sampling, mask_id)  # None: greedy
             self.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled = self.wedlm_fixed_rows_step(
-                table.windows, table.order, w_slots, logits, tokens, run, start, table.entropy_threshold,
+                table.windows, table.order, w_slots, logits, tokens, run, start, rows, table.entropy_threshold,
                 table.pos_penalty, window_size, self.max_model_len, mask_id)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
@@ -704,8 +711,10 @@ class WeDLMWorkerMixin:
 
     def wedlm_row_layouts(self) -> dict[str, int]:
         """Fixed window rows: steps so far whose windows all forwarded 2W rows ("padded") and the
-        others ("exact"): ``llm.collective_rpc("wedlm_row_layouts")``."""
-        return dict(self.model_runner.wedlm_row_layouts)
+        others ("exact"), and windows void for a step ("void_windows"):
+        ``llm.collective_rpc("wedlm_row_layouts")``."""
+        runner = self.model_runner
+        return {**runner.wedlm_row_layouts, "void_windows": int(runner._wedlm_void_windows)}
 
     def wedlm_trace_window_sizes(self, on: bool) -> dict[str, list[int]]:
         """Start (``on``) or stop recording the window size W of every window planned, per request

@@ -169,25 +169,25 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     The runner lays out a window's rows from its device table, so a step can be scheduled before
     the one before it is back (pipelined; vLLM's ``AsyncScheduler`` overlaps it with that step's
-    forward). The host then does not know the window's leading run yet, so every window forwards
-    Q = 2W rows, the most one can need. Where that padding costs more forward time than the
-    overlap hides (``async_gate.PaddingGate``, asked each step), the step waits for the one before
-    it instead, and each window forwards its exact rows: W and its run. The host knows a window only
-    as placeholder drafts; what a step returns is each next window's leading run, as in
-    ``WeDLMScheduler``. Counts per request (N tokens, C ``num_computed_tokens``, P output placeholders):
+    forward). The host then does not know the window's leading run yet: the window forwards
+    Q = 2W rows, the most one can need, or, where that padding costs more forward time than the
+    overlap hides (``async_gate.PaddingGate``, asked each step), W rows and the run its last
+    finished step returned; if its run is longer, the window is void for that step (``_rows``). The
+    host knows a window only as placeholder drafts; what a step returns is each next window's
+    leading run, as in ``WeDLMScheduler``. Counts per request (N tokens, C ``num_computed_tokens``,
+    P output placeholders):
 
     * before each schedule, a window to forward R rows gets ``R + C - N - P`` placeholder drafts,
       so that vLLM schedules exactly R rows (``N + drafts + P - C``); all of them count as drafts;
     * a step's output removes its drafts again: vLLM takes the rejected ones, ``update_from_output``
       the accepted ones, the run they report, unless the request's next window step is in flight
-      already, whose 2W rows forward that run and counted it when they were scheduled. So ``C - P``
+      already, which forwards that run (void or not) and counted it when it was scheduled. So ``C - P``
       is the KV frontier of the steps scheduled so far, short of the runs not back yet (which
       vLLM's async scheduler caches up to), and with no step in flight ``C`` is the frontier
       itself, where the next window starts, and ``N - C`` its run;
-    * a window in flight is left out of a schedule (``_held``) when the step is not pipelined, or
-      when vLLM would cut its next Q rows at ``max_model_len`` (C only bounds the start from above
-      while a step is in flight): it then starts at C exactly, and the runner's plan keeps it within
-      ``max_model_len``.
+    * a window in flight is left out of a schedule when vLLM would cut its next rows at
+      ``max_model_len`` (C only bounds the start from above while a step is in flight): it then
+      starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -196,7 +196,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._window_rows = max_window_tokens(self.wedlm.window_size)  # Q
         self._gate = padding_gate(self.scheduler_config.async_scheduling, self.vllm_config.model_config.hf_text_config,
                                   self.wedlm.async_padding_tokens)
-        logger.info("WeDLM: a step is pipelined with 2W window rows while they cost at most %d tokens of forward "
+        logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of forward "
                     "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
@@ -220,17 +220,17 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         windows = [request for request in self.running if request.request_id in self._windowed]
         window_size = self.wedlm.window_size
         exact = sum(window_size + self._runs.get(request.request_id, 0) for request in windows)
-        pipelined = self._gate.pipelines(len(windows) * self._window_rows, exact)
+        padded = self._gate.pipelines(len(windows) * self._window_rows, exact)
         held, kept = [], []
         for request in self.running:
-            (held if self._held(request, pipelined) else kept).append(request)
-        for request in kept:
-            if request.request_id not in self._windowed:
+            rows = self._rows(request, padded) if request.request_id in self._windowed else 0
+            if rows is None:
+                held.append(request)
                 continue
-            # Not pipelined, nothing is in flight: the window is its run (N - C) and W slots.
-            rows = self._window_rows if pipelined else window_size + request.num_tokens - request.num_computed_tokens
-            drafts = rows + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
-            request.spec_token_ids = [-1] * drafts
+            kept.append(request)
+            if rows:
+                drafts = rows + request.num_computed_tokens - request.num_tokens - request.num_output_placeholders
+                request.spec_token_ids = [-1] * drafts
         if held:
             # Out of vLLM's sight for this schedule, but still running: not a free place for a
             # waiting request (the runner's batch holds max_num_seqs requests).
@@ -243,9 +243,20 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 self.running = held + self.running
                 self.max_num_running_reqs += len(held)
 
-    def _held(self, request, pipelined: bool) -> bool:
-        return request.num_output_placeholders > 0 and (
-            not pipelined or request.num_computed_tokens + self._window_rows > self.max_model_len)
+    def _rows(self, request, padded: bool) -> int | None:
+        """The rows of a windowed request's next window step, or None to hold it out of this schedule.
+
+        With no step of it in flight the host knows the window: its run (``N - C``) and W slots, or
+        2W rows where the gate pads (a synchronous engine's steps, or windows that were held).
+        With one in flight its run is unknown: 2W rows where the gate pads, else W and the run its
+        last finished step returned, a prediction the runner checks (a longer run makes the window
+        void for the step, ``window_step.fixed_rows_window_step``). Held where the rows could pass
+        ``max_model_len`` (C bounds the window's start from above while a step is in flight)."""
+        window_size, computed = self.wedlm.window_size, request.num_computed_tokens
+        if not request.num_output_placeholders:
+            return self._window_rows if padded else window_size + request.num_tokens - computed
+        rows = self._window_rows if padded else window_size + self._runs.get(request.request_id, window_size)
+        return None if computed + rows > self.max_model_len else rows
 
     def _preempt_request(self, request, timestamp: float) -> None:
         self._forget(request.request_id)  # it prefills again first

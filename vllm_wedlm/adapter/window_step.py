@@ -36,6 +36,7 @@ from vllm_wedlm.adapter.window_table import WindowTable, window_packet
 from vllm_wedlm.core.batch import (
     BatchPlan,
     WindowBatch,
+    drop_leading,
     fill_masks,
     finish_windows,
     leading_filled,
@@ -67,7 +68,7 @@ def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Ten
 
 
 def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor,
-                           tokens: torch.Tensor | None, run: torch.Tensor, start: torch.Tensor,
+                           tokens: torch.Tensor | None, run: torch.Tensor, start: torch.Tensor, rows: torch.Tensor,
                            entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: int, limit: int,
                            mask_id: int) -> tuple[torch.Tensor, ...]:
     """``plain_window_step`` for fixed window rows: finish the windows at ``slots`` ([B] int64) of
@@ -75,15 +76,23 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
 
     ``table_order`` [S, C]: each planned window's physical order; ``logits`` [B * W, V] / ``tokens``
     [B * W] (or None: greedy, drawn here): the W rows after each window's leading run ``run`` [B], in
-    physical order; ``start`` [B]: tokens before each window. Returns the next windows' tokens,
-    filled, length and order, the tokens before them ([B]) and each one's leading run padded with -1
-    ([B, max(2, W)] int32, the step's sampled tokens)."""
+    physical order; ``start`` [B]: tokens before each window; ``rows`` [B]: the rows each window
+    forwarded. A window longer than its rows (the scheduler predicted a shorter run) is void: its
+    run's KV is written (run <= W <= rows), nothing is filled, and it goes on with its slots after
+    the run, so its next forward is the one the reference decoder runs after this run. Returns the
+    next windows' tokens, filled, length and order, the tokens before them ([B]) and each one's
+    leading run padded with -1 ([B, max(2, W)] int32, the step's sampled tokens)."""
     tokens = _greedy(logits, mask_id) if tokens is None else tokens
     planned, order = table.rows(slots), table_order[slots]  # [B, C] each
     batch = slots.shape[0]
     entropy = slots_of_rows(row_entropy(logits).view(batch, window_size), order, run)  # [B, C]
     drawn = slots_of_rows(tokens.view(batch, window_size), order, run)  # [B, C]
     following = fill_masks(planned, run, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id)
+    void = planned.length > rows  # [B]
+    skipped = drop_leading(planned, run, mask_id)  # a void window: the same slots, none filled
+    following = WindowBatch(torch.where(void[:, None], skipped.tokens, following.tokens),
+                            torch.where(void[:, None], skipped.filled, following.filled),
+                            torch.where(void, skipped.length, following.length))
     committed_len = start + run
     plan = plan_windows(following, window_size, committed_len, limit)
     width = max(2, window_size)  # width 1 would read as one token each, not a -1-padded run
@@ -157,9 +166,11 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             logits = logits_of_rows(windows * masks)
             tokens = None if greedy else _greedy(logits, table.mask_id)
             slots, starts = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
-            if fixed_rows:  # each window's run and start gathered from the table, as _prepare_fixed_rows does
+            if fixed_rows:  # each window's run and start gathered from the table, as _prepare_fixed_rows does;
+                # its slots and rows two rows of one tensor, as there
+                slots, rows = plan_rows(np.arange(windows), np.full(windows, 2 * window_size), table.device)
                 step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
-                     tau, lam, window_size, limit, table.mask_id)
+                     rows, tau, lam, window_size, limit, table.mask_id)
             else:
                 step(empty, slots, logits, tokens, tau, lam, starts, window_size, limit, table.mask_id)
     if table.device.type == "cuda":
