@@ -186,7 +186,7 @@ class WeDLMRunnerMixin:
         # ("exact": the scheduler's gate chose each window's own rows, or a predicted run's), and
         # the windows that were void for a step (their run outgrew the prediction), on the device.
         self.wedlm_row_layouts: Counter[str] = Counter()
-        self._wedlm_void_windows = torch.zeros((), dtype=torch.long, device=self.device)
+        self.wedlm_void_windows = torch.zeros((), dtype=torch.long, device=self.device)
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
@@ -374,7 +374,7 @@ class WeDLMRunnerMixin:
         logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
         self._wedlm_fixed = (w_slots, run, start, w_rows)
         if not padded:  # windows given a predicted run's rows: count the void ones (no host sync)
-            self._wedlm_void_windows = self._wedlm_void_windows + (table.windows.length[w_slots] > w_rows).sum()
+            self.wedlm_void_windows = self.wedlm_void_windows + (table.windows.length[w_slots] > w_rows).sum()
         return logits_rows.flatten(), None
 
     def _prepare_input_ids(self, *args, **kwargs):
@@ -714,7 +714,7 @@ class WeDLMWorkerMixin:
         others ("exact"), and windows void for a step ("void_windows"):
         ``llm.collective_rpc("wedlm_row_layouts")``."""
         runner = self.model_runner
-        return {**runner.wedlm_row_layouts, "void_windows": int(runner._wedlm_void_windows)}
+        return {**runner.wedlm_row_layouts, "void_windows": int(runner.wedlm_void_windows)}  # one sync, here
 
     def wedlm_trace_window_sizes(self, on: bool) -> dict[str, list[int]]:
         """Start (``on``) or stop recording the window size W of every window planned, per request

@@ -283,7 +283,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # The run a window step returns is the next window's leading run, whose KV the
             # request's next window step writes. If that step is in flight already (scheduled
             # pipelined, before this output), it was counted computed when it was scheduled: its
-            # 2W rows cover the run. Otherwise it is still to be scheduled.
+            # rows forward the run, void or not. Otherwise it is still to be scheduled.
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
             if not any(req_id in later for later in self._in_flight.values()):
                 request.num_computed_tokens -= run
