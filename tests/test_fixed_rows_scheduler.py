@@ -34,6 +34,11 @@ PROMPT_TOKENS = 128
 BLOCK_SIZE = 16
 
 
+def leading_run(filled: list[bool]) -> int:
+    """The filled slots at the front of a window (``core.batch.leading_filled`` of one)."""
+    return next((i for i, f in enumerate(filled) if not f), len(filled))
+
+
 @dataclass
 class WindowCounts:
     """What the runner knows of one request, counts only: where its KV ends and its window."""
@@ -50,7 +55,7 @@ class WindowCounts:
         run, then masks up to ``window_size`` slots after it, within max_model_len (as
         ``core.batch.plan_windows``); the run, which the step returns."""
         self.start = self.computed
-        run = next((i for i, f in enumerate(filled) if not f), len(filled))
+        run = leading_run(filled)
         filled_end = max((i + 1 for i, f in enumerate(filled) if f), default=0)
         length = len(filled) if keep_length else max(run + window_size, filled_end)
         length = min(length, max(MAX_MODEL_LEN - self.computed, len(filled)))
@@ -62,7 +67,7 @@ class WindowCounts:
         masks = [i for i, f in enumerate(self.filled) if not f]
         chosen = {i for i in masks if rng.random() < self.fill_rate} or ({rng.choice(masks)} if masks else set())
         filled = [f or i in chosen for i, f in enumerate(self.filled)]
-        run = next((i for i, f in enumerate(self.filled) if not f), len(self.filled))
+        run = leading_run(self.filled)
         self.computed += run
         return self.plan(filled[run:], window_size)
 
@@ -111,7 +116,7 @@ class RunnerCounts:
             if window.computed < scheduler.requests[req_id].num_tokens:
                 return 0
             window.resuming = False
-            run = next((i for i, f in enumerate(window.filled) if not f), len(window.filled))
+            run = leading_run(window.filled)
             assert window.computed == window.start + run, (req_id, window)  # the run went back as output
             return window.plan(window.filled[run:], w, keep_length=True)
         if window.filled is None:  # its prompt, perhaps with its first window after it
@@ -125,7 +130,7 @@ class RunnerCounts:
             assert drafts == len(window.filled), (req_id, drafts, window)
         else:
             needed = len(window.filled)
-            run = next((i for i, f in enumerate(window.filled) if not f), needed)
+            run = leading_run(window.filled)
             # 2W rows (vLLM cuts them at max_model_len) or the window's own; while its last step is
             # in flight (its run unknown), W and a predicted run: void if its run is longer
             allowed = range(min(w, needed), q + 1) if in_flight else (needed, min(q, MAX_MODEL_LEN - window.start))

@@ -132,7 +132,7 @@ def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
         # Rows forwarded: 2W, the window's own, or (void) W and a run shorter than its own.
         rows = [window_size + rng.randrange(plan.num_commit) if plan.num_commit and rng.random() < 0.3
                 else rng.choice([2 * window_size, len(plan.window)]) for plan in plans]
-        tokens_, filled, length, order, committed_len, run_tokens = fixed_rows_window_step(
+        tokens_, filled, length, order, committed_len, run_tokens, void = fixed_rows_window_step(
             table.windows, table.order, slots_t, logits, tokens, run, start, torch.tensor(rows),
             table.entropy_threshold, table.pos_penalty, window_size, limit, M)
         table.keep(slots_t, WindowBatch(tokens_, filled, length), order, committed_len)
@@ -144,7 +144,8 @@ def test_fixed_rows_window_step_equals_per_request_step(window_size, greedy):
             num_filled = int(plan.window.filled.sum())
             masks = slice(num_filled - plan.num_commit, num_filled - plan.num_commit + plan.num_masks)
             next_committed = committed[row] + plan.num_commit
-            if len(plan.window) > rows[row]:  # void: the run's KV written, nothing filled
+            assert bool(void[row]) == (len(plan.window) > rows[row])
+            if void[row]:  # the run's KV written, nothing filled
                 voids += 1
                 following = plan.window.dropped(plan.num_commit)
             else:

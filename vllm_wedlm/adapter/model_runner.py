@@ -165,8 +165,9 @@ class WeDLMRunnerMixin:
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
         self._wedlm_step: StepRows | None = None
-        # Fixed window rows: the step's windows' slots, leading runs, starts and rows (device, [Bw] each).
-        self._wedlm_fixed: tuple[torch.Tensor, ...] = ()
+        # Fixed window rows: the step's windows' slots, leading runs, starts and rows (device, [Bw]
+        # each), and whether all forwarded 2W rows.
+        self._wedlm_fixed: tuple = ()
         self._wedlm_next_windows: dict[str, list[int]] = {}
         self._wedlm_unforwarded: dict[str, int] = {}
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
@@ -343,7 +344,7 @@ class WeDLMRunnerMixin:
             # rather than a device-side index assert later.
             raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
                                f"2W = {q} (fixed window rows)")
-        padded = True
+        padded = True  # every window 2W rows, none void
         if has_window[b].any():  # a first window forwards its W masks after the prompt either way
             padded = (rows[has_window[b]] == q).all()
             self.wedlm_row_layouts["padded" if padded else "exact"] += 1
@@ -372,9 +373,7 @@ class WeDLMRunnerMixin:
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
         k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
         logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
-        self._wedlm_fixed = (w_slots, run, start, w_rows)
-        if not padded:  # windows given a predicted run's rows: count the void ones (no host sync)
-            self.wedlm_void_windows = self.wedlm_void_windows + (table.windows.length[w_slots] > w_rows).sum()
+        self._wedlm_fixed = (w_slots, run, start, w_rows, padded)
         return logits_rows.flatten(), None
 
     def _prepare_input_ids(self, *args, **kwargs):
@@ -400,15 +399,17 @@ class WeDLMRunnerMixin:
         width = max(2, window_size)
         sampled = None  # [B, width] int32: each next window's leading run, returned now, forwarded next step
         if step.window.any():
-            w_slots, run, start, rows = self._wedlm_fixed
+            w_slots, run, start, rows, padded = self._wedlm_fixed
             self.wedlm_request_forwards += len(window_rows)
             sampling = self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64))
             tokens = None if sampling.temperature is None else sample(logits, sampling, mask_id)  # None: greedy
             self.wedlm_window_step_runs["steps"] += 1
-            *windows, order, committed_len, sampled = self.wedlm_fixed_rows_step(
+            *windows, order, committed_len, sampled, void = self.wedlm_fixed_rows_step(
                 table.windows, table.order, w_slots, logits, tokens, run, start, rows, table.entropy_threshold,
                 table.pos_penalty, window_size, self.max_model_len, mask_id)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
+            if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
+                self.wedlm_void_windows = self.wedlm_void_windows + void.sum()
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
             every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
             if sampled is not None:

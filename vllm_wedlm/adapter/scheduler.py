@@ -202,11 +202,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._windowed: set[str] = set()
         # req_id -> the leading run its last finished step returned (what its next window adds to W).
         self._runs: dict[str, int] = {}
-        # id(scheduler_output) -> first windows that rode with a prompt in that step (steps overlap).
-        self._first_windows_of: dict[int, dict[str, int]] = {}
-        # id(scheduler_output) -> the requests whose windows that step forwards, for the steps
-        # scheduled and not yet back (at most two: vLLM's batch queue).
-        self._in_flight: dict[int, set[str]] = {}
+        # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
+        # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
+        # whose window (drafts) it forwards.
+        self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
@@ -264,16 +263,15 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def _update_after_schedule(self, scheduler_output) -> None:
         super()._update_after_schedule(scheduler_output)
-        self._first_windows_of[id(scheduler_output)] = self._first_windows
-        self._in_flight[id(scheduler_output)] = set(scheduler_output.scheduled_spec_decode_tokens)
+        windows = set(scheduler_output.scheduled_spec_decode_tokens)
+        self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.num_computed_tokens >= request.num_tokens:
                 self._windowed.add(req_id)
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._first_windows = self._first_windows_of.pop(id(scheduler_output), {})
-        self._in_flight.pop(id(scheduler_output), None)
+        self._first_windows, _ = self._in_flight.pop(id(scheduler_output), ({}, set()))
         drafted = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         for req_id in drafted:
@@ -285,7 +283,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # pipelined, before this output), it was counted computed when it was scheduled: its
             # rows forward the run, void or not. Otherwise it is still to be scheduled.
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
-            if not any(req_id in later for later in self._in_flight.values()):
+            if not any(req_id in later for _, later in self._in_flight.values()):
                 request.num_computed_tokens -= run
             if req_id in self._windowed:
                 self._runs[req_id] = run

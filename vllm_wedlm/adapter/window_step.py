@@ -80,8 +80,9 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     forwarded. A window longer than its rows (the scheduler predicted a shorter run) is void: its
     run's KV is written (run <= W <= rows), nothing is filled, and it goes on with its slots after
     the run, so its next forward is the one the reference decoder runs after this run. Returns the
-    next windows' tokens, filled, length and order, the tokens before them ([B]) and each one's
-    leading run padded with -1 ([B, max(2, W)] int32, the step's sampled tokens)."""
+    next windows' tokens, filled, length and order, the tokens before them ([B]), each one's
+    leading run padded with -1 ([B, max(2, W)] int32, the step's sampled tokens) and which windows
+    were void ([B] bool)."""
     tokens = _greedy(logits, mask_id) if tokens is None else tokens
     planned, order = table.rows(slots), table_order[slots]  # [B, C] each
     batch = slots.shape[0]
@@ -97,7 +98,7 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     plan = plan_windows(following, window_size, committed_len, limit)
     width = max(2, window_size)  # width 1 would read as one token each, not a -1-padded run
     return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len,
-            leading_runs(plan, width))
+            leading_runs(plan, width), void)
 
 
 def leading_runs(plan: BatchPlan, width: int) -> torch.Tensor:
@@ -165,14 +166,15 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
                 masks = window_size
             logits = logits_of_rows(windows * masks)
             tokens = None if greedy else _greedy(logits, table.mask_id)
-            slots, starts = plan_rows(np.arange(windows), np.zeros(windows, np.int64), table.device)
-            if fixed_rows:  # each window's run and start gathered from the table, as _prepare_fixed_rows does;
-                # its slots and rows two rows of one tensor, as there
-                slots, rows = plan_rows(np.arange(windows), np.full(windows, 2 * window_size), table.device)
+            # Slots and, in one copy, the windows' starts (fixed rows: the rows each forwards, as
+            # _prepare_fixed_rows makes them, which gathers runs and starts from the table).
+            second = np.full(windows, 2 * window_size) if fixed_rows else np.zeros(windows, np.int64)
+            slots, starts_or_rows = plan_rows(np.arange(windows), second, table.device)
+            if fixed_rows:
                 step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
-                     rows, tau, lam, window_size, limit, table.mask_id)
+                     starts_or_rows, tau, lam, window_size, limit, table.mask_id)
             else:
-                step(empty, slots, logits, tokens, tau, lam, starts, window_size, limit, table.mask_id)
+                step(empty, slots, logits, tokens, tau, lam, starts_or_rows, window_size, limit, table.mask_id)
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)
