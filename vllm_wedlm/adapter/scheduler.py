@@ -31,6 +31,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.adapter.run_output import append_run
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -136,6 +137,11 @@ class WeDLMScheduler(Scheduler):
             self.commit_stats, self._last_log = CommitStats(), now
         return outputs
 
+    def _update_request_with_output(self, request, new_token_ids):
+        # A window's run in one pass rather than vLLM's token-by-token loop (run_output.py).
+        appended = append_run(request, new_token_ids, self.max_model_len)
+        return super()._update_request_with_output(request, new_token_ids) if appended is None else appended
+
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         # Called once per request whose window was forwarded (a request decoded AR on this
@@ -206,6 +212,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
         # whose window (drafts) it forwards.
         self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
+
+    # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
+    # through super(): this engine keeps that loop (its host work hides under the forward).
+    _update_request_with_output = AsyncScheduler._update_request_with_output
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
