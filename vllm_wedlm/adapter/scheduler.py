@@ -214,7 +214,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
 
     # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
-    # through super(): this engine keeps that loop (its host work hides under the forward).
+    # through super(): this engine keeps that loop rather than a copy of that accounting around
+    # append_run (so its runs are appended token by token, as before).
     _update_request_with_output = AsyncScheduler._update_request_with_output
 
     def _free_request(self, request, *args, **kwargs):
