@@ -73,16 +73,26 @@ class WindowCounts:
 
 
 @dataclass
+class ArCounts:
+    """What the runner knows of a request decoded AR on the engine (``wedlm_decoding: ar``)."""
+
+    prompt: int
+    computed: int  # tokens forwarded
+    drawn: int = 0  # tokens drawn, those of steps not back yet included
+
+
+@dataclass
 class RunnerCounts:
     """The step results of the fixed-rows runner, from each request's ``WindowCounts``, checking
     that each window is scheduled 2W rows (pipelined) or exactly its own (not)."""
 
     window_size: int
     rng: random.Random
-    requests: dict[str, WindowCounts] = field(default_factory=dict)
+    requests: dict[str, WindowCounts | ArCounts] = field(default_factory=dict)
     layouts: dict[str, int] = field(default_factory=lambda: {"padded": 0, "exact": 0})
     resumed: int = 0  # windows kept through a preemption
     voids: int = 0  # windows void for a step (given fewer rows than they have)
+    ar_pipelined: int = 0  # AR steps scheduled while the request's step before was in flight
 
     def execute(self, out, scheduler, in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -90,12 +100,19 @@ class RunnerCounts:
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
         for new in out.scheduled_new_reqs:
+            if new.sampling_params.extra_args:
+                self.requests[new.req_id] = ArCounts(len(new.prompt_token_ids), new.num_computed_tokens)
+                continue
             self.requests[new.req_id] = WindowCounts(len(new.prompt_token_ids), new.num_computed_tokens,
                                                      self.rng.choice([1.0, 1.0, 0.5, 0.2, 0.0]))
         cached = out.scheduled_cached_reqs
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             if req_id in cached.resumed_req_ids:  # preempted: re-prefilled from here
-                self.requests[req_id].computed, self.requests[req_id].resuming = computed, True
+                request = self.requests[req_id]
+                if isinstance(request, ArCounts):  # vLLM resends its tokens: its draws not back are lost
+                    request.computed, request.drawn = computed, scheduler.requests[req_id].num_output_tokens
+                    continue
+                request.computed, request.resuming = computed, True
                 self.resumed += 1
         if not out.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
@@ -109,6 +126,16 @@ class RunnerCounts:
         rows = out.num_scheduled_tokens[req_id]
         drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         window = self.requests[req_id]
+        if isinstance(window, ArCounts):
+            # Its known tokens, up to the one its last step draws (on the device if not back yet).
+            assert not drafts and window.computed + rows <= window.prompt + window.drawn, (req_id, rows, window)
+            self.ar_pipelined += in_flight
+            window.computed += rows
+            if window.computed < window.prompt + window.drawn:
+                return 0  # a prefill chunk
+            window.drawn += 1
+            assert window.prompt + window.drawn <= MAX_MODEL_LEN, (req_id, window)
+            return 1
         w, q = self.window_size, 2 * self.window_size
         if window.resuming:  # its window comes back once the output tokens are prefilled again
             assert not drafts, req_id
@@ -170,19 +197,26 @@ def make_scheduler(path, window_size: int, padding, num_blocks: int):
 
 
 def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: int, batch: int,
-          one_call_at_a_time: bool) -> int:
+          one_call_at_a_time: bool, ar_share: float = 0.0) -> int:
     """Send ``calls`` batches of requests (the same prompts each call, so later calls hit the
-    prefix cache) arriving a few at a time, and run the engine's batch-queue loop until all
-    finish; the steps scheduled."""
+    prefix cache) arriving a few at a time, about ``ar_share`` of them decoded AR, and run the
+    engine's batch-queue loop until all finish; the steps scheduled. Each finished request must
+    have returned its max_tokens, or up to max_model_len."""
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
     prompts = [[rng.randrange(1000) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
     pending = deque()
+    expected, returned = {}, {}
     for call in range(calls):
-        params = SamplingParams(temperature=0.0, max_tokens=rng.choice([8, 17, 64, 100, 192, 240]), ignore_eos=True)
-        pending.append([Request(f"{call}-{i}", prompt, params, None, arrival_time=0.0, block_hasher=hasher)
-                        for i, prompt in enumerate(prompts)])
+        max_tokens = rng.choice([8, 17, 64, 100, 192, 240, 300])
+        requests = []
+        for i, prompt in enumerate(prompts):
+            extra_args = {"wedlm_decoding": "ar"} if rng.random() < ar_share else None
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
+            requests.append(Request(f"{call}-{i}", prompt, params, None, arrival_time=0.0, block_hasher=hasher))
+            expected[requests[-1].request_id] = min(max_tokens, MAX_MODEL_LEN - len(prompt))
+        pending.append(requests)
     in_flight = deque()  # (output, scheduler output), oldest last: vLLM's batch queue
     steps = 0
     while pending or scheduler.has_requests() or in_flight:
@@ -202,8 +236,12 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
                 continue  # vLLM schedules another step before it waits for this one
         if in_flight:
             output, out = in_flight.pop()
-            scheduler.update_from_output(out, output)
+            for outputs in scheduler.update_from_output(out, output).values():
+                for request_output in outputs.outputs:
+                    returned[request_output.request_id] = (returned.get(request_output.request_id, 0)
+                                                           + len(request_output.new_token_ids))
         assert steps < 20000, "no progress"
+    assert returned == expected
     return steps
 
 
@@ -224,8 +262,12 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
     for seed in range(3):
         rng = random.Random(seed)
         runner = RunnerCounts(window_size, rng)
-        drive(scheduler, hasher, runner, rng, calls=3, batch=64, one_call_at_a_time=one_call_at_a_time)
+        ar_share = 0.25 if seed else 0.0  # windows alone, then with requests decoded AR among them
+        drive(scheduler, hasher, runner, rng, calls=3, batch=64, one_call_at_a_time=one_call_at_a_time,
+              ar_share=ar_share)
         assert not scheduler.has_requests()
+        # AR requests are pipelined as on an AR engine: scheduled again while their step is in flight.
+        assert bool(runner.ar_pipelined) == bool(ar_share), runner.ar_pipelined
         assert runner.layouts["padded"], runner.layouts
         # Rows other than 2W: windows' own (and 2W cut at max_model_len); predicted runs only
         # where the gate does not pad, and some of them too short.

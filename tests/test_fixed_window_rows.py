@@ -3,7 +3,9 @@ rows are laid out from the runner's device table, so a step needs nothing back o
 the step before. Pipelined steps forward 2W rows per window; where the scheduler's gate
 (``async_padding_tokens``) finds that padding too costly, a step forwards each window's exact rows
 after the step before it. Greedy output must be the reference decoder's, token for token, either
-way; the requests it cannot serve are turned away with a clear error, the engine unharmed.
+way. A request decoded AR on this engine (``wedlm_decoding: ar``) must be token-exact with an AR
+engine's, mixed with windows or not; lossless requests are turned away with a clear error, the
+engine unharmed.
 On the CPU the engine schedules synchronously (vLLM's CPU platform has no async scheduling); on a
 GPU the same tests run it with async scheduling.
 """
@@ -54,10 +56,9 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
         outputs = llm.generate([p for *_, p in combos], params, use_tqdm=False)
         forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
         layouts = llm.collective_rpc("wedlm_row_layouts")[0]
-        # Per-request modes it cannot run: a clear error for that request, nothing else disturbed.
-        for extra_args in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"}):
-            with pytest.raises(ValueError, match="--no-async-scheduling"):
-                llm.generate(["Gus"], SamplingParams(max_tokens=4, extra_args=extra_args), use_tqdm=False)
+        # The per-request mode it cannot run: a clear error for that request, nothing else disturbed.
+        with pytest.raises(ValueError, match="--no-async-scheduling"):
+            llm.generate(["Gus"], SamplingParams(max_tokens=4, extra_args={"wedlm_lossless": True}), use_tqdm=False)
         again = llm.generate(PROMPTS[:1], params[:1], use_tqdm=False)
     assert list(again[0].outputs[0].token_ids) == list(outputs[0].outputs[0].token_ids)
 
@@ -82,6 +83,43 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
         assert layouts.get("exact"), layouts
     else:
         assert layouts.get("padded") and layouts.get("exact"), layouts
+
+
+#: AR requests on a fixed-rows engine: a short max_model_len, so that some of them end there (the
+#: step that would draw past it is held back under async scheduling) and the others by max_tokens.
+AR_MAX_MODEL_LEN = 96
+
+
+def test_fixed_rows_serve_ar_requests_as_an_ar_engine(tmp_path):
+    from vllm import SamplingParams
+
+    path = build_checkpoint(tmp_path, TinySpec(variant="qwen2", logit_scale=8.0))
+    prompts = PROMPTS + ["7 + 8 = 15. 15 - 4 = " * 3, "Count from 4 to 19 in steps of 3. " * 3]
+
+    def greedy(**extra):
+        return SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True, extra_args=extra or None)
+
+    def token_ids(outputs) -> list[list[int]]:
+        return [list(out.outputs[0].token_ids) for out in outputs]
+
+    ar_config = {"decoding": "ar"}
+    with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=ar_config) as llm:
+        expected = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
+    config = {"decoding": "wedlm", "window_size": 4, "fixed_window_rows": True, "async_padding_tokens": 40}
+    with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=config) as llm:
+        alone = token_ids(llm.generate(prompts, greedy(wedlm_decoding="ar"), use_tqdm=False))
+        ar_forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
+        windows = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
+        # Both modes of every prompt in one batch, interleaved.
+        mixed = token_ids(llm.generate([p for p in prompts for _ in range(2)],
+                                       [greedy(wedlm_decoding=mode) for _ in prompts for mode in ("ar", "wedlm")],
+                                       use_tqdm=False))
+    lengths = {len(ids) for ids in expected}
+    assert 80 in lengths and min(lengths) < 80, lengths  # some end at max_model_len, some at max_tokens
+    assert alone == expected
+    assert ar_forwards == 0  # AR requests are not windows
+    assert mixed[0::2] == expected
+    assert mixed[1::2] == windows != expected
 
 
 @pytest.mark.parametrize("extra", [{"lossless": True}, {"window_size": "auto"}, {"window_tokens": 64}])

@@ -96,7 +96,7 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         vllm_config.model_config.disable_cascade_attn = True
     from vllm_wedlm.adapter import request_validator
 
-    request_validator.PLAIN_WINDOWS_ONLY = settings.fixed_window_rows
+    request_validator.FIXED_WINDOW_ROWS = settings.fixed_window_rows
     # Every running request's window must fit one step's token budget.
     window_tokens = max_window_tokens(settings.window_size)
     max_seqs = scheduler.max_num_batched_tokens // window_tokens

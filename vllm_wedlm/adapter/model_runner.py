@@ -188,6 +188,8 @@ class WeDLMRunnerMixin:
         # the windows that were void for a step (their run outgrew the prediction), on the device.
         self.wedlm_row_layouts: Counter[str] = Counter()
         self.wedlm_void_windows = torch.zeros((), dtype=torch.long, device=self.device)
+        # Fixed window rows: each AR-decoded request's last draw, per slot (the next step's input).
+        self._wedlm_ar_draws = torch.zeros(self.max_num_reqs, dtype=torch.long, device=self.device)
 
     def wedlm_compile_window_step(self) -> None:
         """Compile the step of plain windows (``window_step.py``): the GPU worker's, once vLLM has
@@ -308,16 +310,18 @@ class WeDLMRunnerMixin:
         to Q = 2W, are laid out from the device table (the host may not know the window yet, when the
         step before is still running), and its logits rows are the W after its leading run, which
         hold every mask row unless the window is void (given fewer rows than it has, for a run
-        longer than the scheduler predicted: ``fixed_rows_window_step``). Plain windows only (the
-        validator turns other requests away)."""
+        longer than the scheduler predicted: ``fixed_rows_window_step``). Then the last row of each
+        AR-decoded request that draws (``_ar_input_ids``). Plain windows and AR requests only (the
+        validator turns lossless ones away)."""
         super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         num_reqs = self.input_batch.num_reqs
         req_ids = self.input_batch.req_ids[:num_reqs]
         states = [self._request_state(req_id) for req_id in req_ids]
-        if any(s.autoregressive or s.params.lossless for s in states):
-            raise RuntimeError("fixed window rows take plain WeDLM windows only (the request validator's check)")
+        if any(s.params.lossless and not s.autoregressive for s in states):
+            raise RuntimeError("fixed window rows take no lossless windows (the request validator's check)")
         drafts = scheduler_output.scheduled_spec_decode_tokens
         slots = np.fromiter((s.slot for s in states), np.int64, num_reqs)  # [B]
+        autoregressive = np.fromiter((s.autoregressive for s in states), bool, num_reqs)  # [B]
         window = np.fromiter((req_id in drafts for req_id in req_ids), bool, num_reqs)  # [B]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
         n = num_scheduled_tokens[:num_reqs].astype(np.int64)  # [B] rows forwarded
@@ -328,14 +332,19 @@ class WeDLMRunnerMixin:
         prompt_rows = np.where(first, n - num_drafts, 0)  # [B]
         if first.any():
             self._start_windows(req_ids, states, first, computed + prompt_rows)
+        if (window & autoregressive).any():
+            raise RuntimeError(f"AR request {req_ids[int(np.argmax(window & autoregressive))]} on a WeDLM engine "
+                               "got draft tokens")
         completes_prefill = ~window & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
-        self._wedlm_step = StepRows(list(req_ids), slots, np.zeros(num_reqs, bool), window, completes_prefill,
-                                    np.zeros(num_reqs, bool), np.zeros(num_reqs, bool), np.zeros(num_reqs, bool),
-                                    computed + n, np.where(window, self.wedlm.window_size, 0),
+        ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
+        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill,
+                                    np.zeros(num_reqs, bool), ar_next, np.zeros(num_reqs, bool),
+                                    computed + n, np.where(window, self.wedlm.window_size, ar_next.astype(np.int64)),
                                     np.zeros(num_reqs, np.int64))
+        ar_rows = self._ar_input_ids(req_ids, slots, autoregressive, ar_next, starts, n)  # [Ba] device
         b = np.flatnonzero(window)  # [Bw] batch rows of windows
         if not len(b):
-            return torch.zeros(0, dtype=torch.long, device=self.device), None
+            return ar_rows, None
         table = self.wedlm_table
         rows = n[b] - prompt_rows[b]  # [Bw] window rows: Q when pipelined, else each window's own
         q = max_window_tokens(self.wedlm.window_size)
@@ -374,7 +383,31 @@ class WeDLMRunnerMixin:
         k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
         logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
         self._wedlm_fixed = (w_slots, run, start, w_rows, padded)
-        return logits_rows.flatten(), None
+        return torch.cat([logits_rows.flatten(), ar_rows]), None
+
+    def _ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, ar_next: np.ndarray,
+                      starts: np.ndarray, n: np.ndarray) -> torch.Tensor:
+        """Fixed window rows: the input ids of AR-decoded requests ([B] bool ``autoregressive``) and
+        their logits rows; [Ba] device row indices, the last row of each that draws (``ar_next``).
+
+        Under async scheduling vLLM keeps a request's draw on the device and its host copy of the
+        tokens holds -1 there; its own scatter of the last step's draws is off with fixed rows
+        (``_prepare_input_ids``). An AR request's row that holds -1 is its last draw, kept on the
+        device per slot (``_wedlm_ar_draws``, written by the step that drew it). vLLM sends the
+        real tokens of a request that skipped a step, so -1 is only ever its last row."""
+        rows = starts[ar_next] + n[ar_next] - 1  # [Ba]
+        batch_row = np.repeat(np.arange(len(n)), n)  # [T] the request of each row
+        stale = np.flatnonzero(autoregressive[batch_row] & (self.input_ids.np[: len(batch_row)] < 0))  # [S]
+        unknown = stale[~np.isin(stale, rows)]
+        if len(unknown):
+            raise RuntimeError(f"AR request {req_ids[batch_row[unknown[0]]]}: an input token is known neither on "
+                               "the host nor on the device")
+        index = torch.from_numpy(np.concatenate([rows, stale, slots[batch_row[stale]]])).to(self.device,
+                                                                                           non_blocking=True)
+        if len(stale):
+            self.input_ids.gpu[index[len(rows): len(rows) + len(stale)]] = (
+                self._wedlm_ar_draws[index[len(rows) + len(stale):]].to(self.input_ids.gpu.dtype))
+        return index[: len(rows)]
 
     def _prepare_input_ids(self, *args, **kwargs):
         if self.wedlm.fixed_window_rows:
@@ -387,33 +420,46 @@ class WeDLMRunnerMixin:
         """``_sample`` with fixed window rows, with no device-to-host copy: finish the forwarded windows
         from their W logits rows each, plan every next window (also the first one after a prompt, and
         a preempted request's after its re-prefill) into the table, and return each next window's
-        leading run, padded with -1, as the step's sampled tokens (a device tensor)."""
+        leading run, padded with -1, as the step's sampled tokens (a device tensor); an AR-decoded
+        request's draw is its first column."""
         step, table, mask_id = self._wedlm_step, self.wedlm_table, self.wedlm_mask_id
         window_size = self.wedlm.window_size
         num_reqs = len(step.req_ids)
         states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
-        new = step.completes_prefill & ~has_window  # [B] first window after the prompt
-        resumed = step.completes_prefill & has_window  # [B] re-prefilled after a preemption
+        windowed = step.completes_prefill & ~step.autoregressive
+        new = windowed & ~has_window  # [B] first window after the prompt
+        resumed = windowed & has_window  # [B] re-prefilled after a preemption
         window_rows = np.flatnonzero(step.window)  # [Bw]
         width = max(2, window_size)
         sampled = None  # [B, width] int32: each next window's leading run, returned now, forwarded next step
+        num_window_logits = len(window_rows) * window_size  # the first logits rows; then the AR rows
         if step.window.any():
             w_slots, run, start, rows, padded = self._wedlm_fixed
             self.wedlm_request_forwards += len(window_rows)
-            sampling = self._sampling_batch(step.num_logits, np.zeros(num_reqs, np.int64))
-            tokens = None if sampling.temperature is None else sample(logits, sampling, mask_id)  # None: greedy
+            window_logits = logits[:num_window_logits]
+            sampling = self._sampling_batch(np.where(step.window, window_size, 0), np.zeros(num_reqs, np.int64))
+            tokens = None if sampling.temperature is None else sample(window_logits, sampling, mask_id)  # None: greedy
             self.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.wedlm_fixed_rows_step(
-                table.windows, table.order, w_slots, logits, tokens, run, start, rows, table.entropy_threshold,
+                table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
                 table.pos_penalty, window_size, self.max_model_len, mask_id)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
             if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
                 self.wedlm_void_windows = self.wedlm_void_windows + void.sum()
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
             every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+            ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
+            index = torch.from_numpy(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]])).to(
+                self.device, non_blocking=True)
             if sampled is not None:
-                every[torch.from_numpy(window_rows).to(self.device, non_blocking=True)] = sampled
+                every[index[: len(window_rows)]] = sampled
+            if len(ar_rows):
+                # Each AR request's next token, from its last row (no mask ban), as vLLM's sampler draws it.
+                ar_next = step.ar_next.astype(np.int64)
+                draws = sample(logits[num_window_logits:], self._sampling_batch(ar_next, ar_next), mask_id)  # [Ba]
+                every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = draws.to(torch.int32)
+                self._wedlm_ar_draws[index[len(window_rows) + len(ar_rows):]] = draws
             sampled = every
             self._start_after_prefill(step, new, resumed, sampled)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows

@@ -14,7 +14,7 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import REQUEST_DECODING, REQUEST_LOSSLESS, WeDLMSettings, request_decoding
+from vllm_wedlm.config import REQUEST_LOSSLESS, WeDLMSettings, request_decoding
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 #: Set by the config hook, in the process that builds the engine's config (the front end's): the
-#: engine runs fixed window rows (async scheduling), which take plain WeDLM windows only.
+#: engine runs fixed window rows (async scheduling), which take no lossless windows.
 #: ``validate_params`` is a class method and sees no config.
-PLAIN_WINDOWS_ONLY = False
+FIXED_WINDOW_ROWS = False
 
 
 def unsupported_features(params: SamplingParams) -> list[str]:
@@ -64,9 +64,9 @@ class WeDLMRequestValidator(LogitsProcessor):
             decoding = request_decoding(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
-        if PLAIN_WINDOWS_ONLY and (params.lossless or decoding == "ar"):
-            raise ValueError(f"{REQUEST_LOSSLESS} and {REQUEST_DECODING}: ar are not supported while the engine "
-                             "schedules asynchronously (fixed window rows); start it with --no-async-scheduling")
+        if FIXED_WINDOW_ROWS and params.lossless and decoding == "wedlm":
+            raise ValueError(f"{REQUEST_LOSSLESS} is not supported while the engine schedules asynchronously "
+                             "(fixed window rows); start it with --no-async-scheduling")
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         pass

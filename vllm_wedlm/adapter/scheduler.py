@@ -194,6 +194,11 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     * a window in flight is left out of a schedule when vLLM would cut its next rows at
       ``max_model_len`` (C only bounds the start from above while a step is in flight): it then
       starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
+
+    A request decoded AR on this engine (``wedlm_decoding: ar``) is counted as vLLM's async
+    scheduler counts an AR request: one output placeholder per step that draws (vLLM's
+    ``num_sampled_tokens_per_step``, 0 here for the windows), no drafts, and left out of a schedule
+    where its next draw would pass ``max_model_len`` (vLLM's clamp subtracts the same engine-wide 0).
     """
 
     def __init__(self, *args, **kwargs):
@@ -206,6 +211,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                     "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
+        # Requests decoded AR on this engine: one token per step, no window.
+        self._autoregressive: set[str] = set()
         # req_id -> the leading run its last finished step returned (what its next window adds to W).
         self._runs: dict[str, int] = {}
         # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
@@ -218,8 +225,15 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     # append_run (so its runs are appended token by token, as before).
     _update_request_with_output = AsyncScheduler._update_request_with_output
 
+    def add_request(self, request) -> None:
+        extra_args = request.sampling_params.extra_args if request.sampling_params else None
+        if request_decoding(extra_args) == "ar":
+            self._autoregressive.add(request.request_id)
+        super().add_request(request)
+
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
+        self._autoregressive.discard(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     def _forget(self, req_id: str) -> None:
@@ -233,7 +247,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         padded = self._gate.pipelines(len(windows) * self._window_rows, exact)
         held, kept = [], []
         for request in self.running:
-            rows = self._rows(request, padded) if request.request_id in self._windowed else 0
+            if request.request_id in self._autoregressive:
+                rows = self._ar_rows(request)
+            else:
+                rows = self._rows(request, padded) if request.request_id in self._windowed else 0
             if rows is None:
                 held.append(request)
                 continue
@@ -268,6 +285,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         rows = self._window_rows if padded else window_size + self._runs.get(request.request_id, window_size)
         return None if computed + rows > self.max_model_len else rows
 
+    def _ar_rows(self, request) -> int | None:
+        """0 (vLLM schedules an AR request's tokens itself), or None to hold it out of this schedule:
+        while a step of it is in flight, where the next step's draw would pass ``max_model_len``
+        (its row at C, its draw at C + 1)."""
+        if request.num_output_placeholders and request.num_computed_tokens + 2 > self.max_model_len:
+            return None
+        return 0
+
     def _preempt_request(self, request, timestamp: float) -> None:
         self._forget(request.request_id)  # it prefills again first
         super()._preempt_request(request, timestamp)
@@ -278,7 +303,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
-            if request.num_computed_tokens >= request.num_tokens:
+            if req_id in self._autoregressive:
+                # vLLM's async scheduler gave it the engine's placeholders: no drafts, no sampled token.
+                request.spec_token_ids = []
+                if not request.is_prefill_chunk:
+                    request.num_output_placeholders += 1  # the token this step draws
+            elif request.num_computed_tokens >= request.num_tokens:
                 self._windowed.add(req_id)
 
     def update_from_output(self, scheduler_output, model_runner_output):
