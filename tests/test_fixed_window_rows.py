@@ -107,6 +107,7 @@ def test_fixed_rows_serve_ar_requests_as_an_ar_engine(tmp_path):
         expected = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": 4, "fixed_window_rows": True, "async_padding_tokens": 40}
     with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=config) as llm:
+        assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling == on_gpu()
         alone = token_ids(llm.generate(prompts, greedy(wedlm_decoding="ar"), use_tqdm=False))
         ar_forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
         windows = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
