@@ -61,7 +61,8 @@ def environment() -> dict:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="WeDLM checkpoint (default: a tiny local random one)")
     parser.add_argument("--modes", default="ar,ngram,wedlm:0.2,wedlm:0.4,wedlm:0.8",
-                        help="comma-separated: ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU]")
+                        help="comma-separated: ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU], wedlm-ar; "
+                             "+async after a WeDLM or wedlm-ar mode")
     parser.add_argument("--kinds", default="counting,arithmetic,code,prose")
     parser.add_argument("--requests", type=int, default=32, help="prompts per task kind")
     parser.add_argument("--shots", default="0", help="solved examples before each prompt (prompt-length sweep)")

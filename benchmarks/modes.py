@@ -7,11 +7,13 @@
   ``wedlm:inf`` fills every mask each step (whole windows commit: the engine's ceiling);
 * ``lossless`` or ``lossless:TAU``: WeDLM with every fill verified against the AR prediction
   (``wedlm_lossless``): AR's output, drafted at threshold TAU (``lossless:inf`` drafts every mask);
-* a ``+async`` suffix on a WeDLM mode (``wedlm:0.4+async``): its engine runs vLLM's async
-  scheduling (fixed window rows, GPU only); without it a WeDLM engine schedules synchronously.
+* ``wedlm-ar``: requests decoded AR on a WeDLM engine (``wedlm_decoding: ar``): one token per
+  forward, as ``ar``, on the engine WeDLM requests run on (what mixing the two modes costs);
+* a ``+async`` suffix on a WeDLM or ``wedlm-ar`` mode (``wedlm:0.4+async``): its engine runs vLLM's
+  async scheduling (fixed window rows, GPU only); without it a WeDLM engine schedules synchronously.
 
-All WeDLM and lossless modes share one engine (both are per-request knobs), and all ``+async`` ones
-another; AR and each n-gram setting need their own.
+All WeDLM, lossless and ``wedlm-ar`` modes share one engine (all are per-request knobs), and all
+``+async`` ones another; AR and each n-gram setting need their own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
+from vllm_wedlm.config import REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
 
 DEFAULT_NGRAM_TOKENS = 4
 ASYNC_SUFFIX = "+async"
@@ -34,6 +36,12 @@ class Mode:
     entropy_threshold: float | None = None  # WeDLM's tau for this mode's requests, None = server default
     lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
     async_scheduling: bool = False  # a WeDLM engine with vLLM's async scheduling (AR's is vLLM's default)
+    per_request_ar: bool = False  # requests decoded AR on a WeDLM engine (one token per forward)
+
+    @property
+    def windows(self) -> bool:
+        """Whether its requests decode in WeDLM windows (forwards counted as windows)."""
+        return self.decoding == "wedlm" and not self.per_request_ar
 
     @property
     def engine(self) -> str:
@@ -56,6 +64,8 @@ class Mode:
                 "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
     def extra_args(self) -> dict | None:
+        if self.per_request_ar:
+            return {REQUEST_DECODING: "ar"}
         args = {} if self.entropy_threshold is None else {REQUEST_ENTROPY_THRESHOLD: self.entropy_threshold}
         if self.lossless:
             args[REQUEST_LOSSLESS] = True
@@ -67,11 +77,14 @@ def parse_mode(text: str) -> Mode:
     if text.endswith(ASYNC_SUFFIX):
         mode = parse_mode(text[: -len(ASYNC_SUFFIX)])
         if mode.decoding != "wedlm" or mode.lossless:
-            raise ValueError(f"{ASYNC_SUFFIX} is for plain WeDLM modes (AR engines are async by default): {text!r}")
+            raise ValueError(f"{ASYNC_SUFFIX} is for plain WeDLM and wedlm-ar modes (AR engines are async by "
+                             f"default): {text!r}")
         return replace(mode, name=mode.name + ASYNC_SUFFIX, async_scheduling=True)
     kind, _, arg = text.partition(":")
     if kind == "ar" and not arg:
         return Mode("ar", "ar")
+    if kind == "wedlm-ar" and not arg:
+        return Mode("wedlm-ar", "wedlm", per_request_ar=True)
     if kind == "ngram":
         tokens = int(arg) if arg else DEFAULT_NGRAM_TOKENS
         if tokens < 1:
@@ -85,7 +98,8 @@ def parse_mode(text: str) -> Mode:
         if not math.isfinite(tau) or tau < 0:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
-    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU][+async], wedlm:inf or lossless[:TAU]")
+    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU][+async], wedlm:inf, lossless[:TAU] or "
+                     "wedlm-ar[+async]")
 
 
 def parse_modes(text: str) -> list[Mode]:

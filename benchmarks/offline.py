@@ -38,14 +38,14 @@ class ForwardCounter:
         self.llm, self.mode = llm, mode
 
     def snapshot(self) -> int:
-        if self.mode.decoding == "wedlm":
+        if self.mode.windows:
             return request_forwards(self.llm)  # windows forwarded
         if self.mode.ngram_tokens:  # each forward yields one token plus the drafts it accepted
             return -sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:spec_decode_num_accepted_tokens")
         return 0
 
     def forwards(self, before: int, after: int, output_tokens: int) -> int:
-        if self.mode.decoding == "wedlm":
+        if self.mode.windows:
             return after - before
         return output_tokens + (after - before)  # AR: one per token, minus accepted drafts
 

@@ -89,7 +89,7 @@ async def _load(url: str, bodies: list[dict], concurrency: int) -> tuple[list[Me
 
 def _tokens_per_forward(mode: Mode, before: dict, after: dict, tokens: int) -> float | None:
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
-    if mode.decoding == "wedlm":
+    if mode.windows:
         steps = delta.get(DENOISING_STEPS, 0.0)
         return round(delta.get(COMMITTED, 0.0) / steps, 3) if steps else None
     forwards = tokens - delta.get(ACCEPTED, 0.0)

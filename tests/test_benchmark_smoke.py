@@ -43,6 +43,8 @@ def check_counts(rows: list[dict], batch_key: str) -> None:
         assert row["output_tokens"] == row["requests"] * MAX_TOKENS
         if row["mode"] == "ar":
             assert row["tokens_per_forward"] == 1.0 and row["speedup_vs_ar"] == 1.0
+        elif row["mode"] == "wedlm-ar":  # AR requests on the WeDLM engine: one token per forward
+            assert row["tokens_per_forward"] == 1.0
         elif row["mode"] == "wedlm:inf":
             assert row["tokens_per_forward"] == pytest.approx(FILL_ALL_TPF)
         elif row["mode"].startswith("lossless"):
@@ -81,20 +83,20 @@ def check_report(results: list[Path], out: Path, sections: int, images: tuple[st
 # run them side by side: each starts several engines or servers, one after another.
 
 def test_offline_harness(model, tmp_path):
-    offline = bench("offline", *common_args(model), "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf",
+    offline = bench("offline", *common_args(model), "--modes", "ar,ngram,wedlm:0.4,wedlm:inf,lossless:inf,wedlm-ar",
                     "--batch-sizes", "1,2", "--json", str(tmp_path / "offline.json"))
-    assert len(offline["rows"]) == 5 * 2 * 2
+    assert len(offline["rows"]) == 6 * 2 * 2
     check_counts(offline["rows"], "batch_size")
     assert {r["accuracy"] is not None for r in offline["rows"]} == {True}  # both kinds are scored
     # Each WeDLM row counts its steps of plain windows: compiled where the engine compiles (a GPU
     # without --enforce-eager), else eager.
     ran, never = ("compiled", "eager") if on_gpu() else ("eager", "compiled")
     for row in offline["rows"]:
-        if row["mode"].startswith("wedlm"):
+        if row["mode"].startswith("wedlm:"):
             assert row["window_steps"][ran] > 0 and row["window_steps"][never] == 0, row
     ar = {(r["kind"], r["batch_size"]): r["accuracy"] for r in offline["rows"] if r["mode"] == "ar"}
     for row in offline["rows"]:
-        if row["mode"] == "lossless:inf":  # AR's output, so AR's accuracy
+        if row["mode"] in ("lossless:inf", "wedlm-ar"):  # AR's output, so AR's accuracy
             assert row["accuracy"] == ar[row["kind"], row["batch_size"]]
 
     # Every engine up at once, repeats alternating between modes: the same counts and outputs.
@@ -111,9 +113,9 @@ def test_offline_harness(model, tmp_path):
 
 
 def test_online_harness(model, tmp_path):
-    online = bench("online", *common_args(model), "--modes", "ar,wedlm:inf", "--concurrency", "1,2",
+    online = bench("online", *common_args(model), "--modes", "ar,wedlm:inf,wedlm-ar", "--concurrency", "1,2",
                    "--json", str(tmp_path / "online.json"))
-    assert len(online["rows"]) == 2 * 2 * 2
+    assert len(online["rows"]) == 3 * 2 * 2
     check_counts(online["rows"], "concurrency")
     for row in online["rows"]:
         assert 0 < row["ttft_s_p50"] <= row["latency_s_p50"] and row["request_tok_s_p50"] > 0
@@ -122,7 +124,8 @@ def test_online_harness(model, tmp_path):
                         "--kinds", "arithmetic", "--interleave", "--json", str(tmp_path / "online-interleaved.json"))
     keys = ("mode", "kind", "concurrency", "output_tokens", "tokens_per_forward", "accuracy")
     assert sorted(tuple(r[k] for k in keys) for r in interleaved["rows"]) == sorted(
-        tuple(r[k] for k in keys) for r in online["rows"] if r["kind"] == "arithmetic" and r["concurrency"] == 2)
+        tuple(r[k] for k in keys) for r in online["rows"]
+        if r["mode"] != "wedlm-ar" and r["kind"] == "arithmetic" and r["concurrency"] == 2)
     check_report([tmp_path / "online.json"], tmp_path / "report", 1, ("0-online-speedup.png",))
 
 
