@@ -712,6 +712,14 @@ class WeDLMRunnerMixin:
         return super()._dummy_run(num_tokens, *args, **kwargs)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
+        if (kwargs.get("force_uniform_decode") is None and kwargs.get("max_num_scheduled_tokens") == 1
+                and kwargs.get("num_reqs", 0) > 1):
+            # A step of two or more requests that each forward one token: only AR-decoded requests
+            # (a window forwards W rows or more). Replaying vLLM's FULL graph of a mixed batch gave
+            # such steps wrong tokens on an H100 (bf16, FlashAttention; BENCHMARKS 5.13), from the
+            # first few decode steps, where eager and PIECEWISE runs gave the AR engine's tokens. The
+            # cause is not found; such a step runs eagerly. One request alone replays its graph.
+            kwargs["force_eager"] = True
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
         self.wedlm_graph_modes[decision[0].name] += 1
         return decision

@@ -1,0 +1,68 @@
+"""AR-decoded requests on a WeDLM engine against an AR engine, by batch size and CUDA graph mode (GPU).
+
+    python scripts/ar_graph_check.py --model /tmp/small --out ar-steps.json [--configs default,eager,piecewise]
+
+Greedy ``wedlm_decoding: ar`` requests on a ``--decoding wedlm`` engine must give the AR engine's
+tokens. For each engine configuration and batch size (1 to 64 arithmetic prompts of the benchmark
+workload, max_tokens 256), it records how many requests differ from the AR engine's and the first
+token where each of the first five does, and the steps run per graph mode. Found that a FULL graph
+of a step of AR requests alone gave wrong tokens (BENCHMARKS.md 5.13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CONFIGS = {"default": {}, "eager": {"enforce_eager": True},
+           "piecewise": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}}
+BATCH_SIZES = (1, 8, 16, 32, 64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    from benchmarks import workload
+
+    prompts = [p.text for p in workload.build(AutoTokenizer.from_pretrained(args.model), ["arithmetic"],
+                                              max(BATCH_SIZES))["arithmetic"]]
+    common = {"max_model_len": 1024, "gpu_memory_utilization": 0.25, "max_num_batched_tokens": 8192,
+              "max_num_seqs": 64}
+
+    def generate(llm, batch: int, extra_args=None) -> list[list[int]]:
+        params = SamplingParams(temperature=0.0, max_tokens=256, extra_args=extra_args)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts[:batch], params, use_tqdm=False)]
+
+    llm = LLM(args.model, additional_config={"decoding": "ar"}, **common)
+    expected = {batch: generate(llm, batch) for batch in BATCH_SIZES}
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    results = {}
+    for name in args.configs.split(","):
+        llm = LLM(args.model, additional_config={"decoding": "wedlm", "window_size": 16}, **common, **CONFIGS[name])
+        result = {}
+        for batch in BATCH_SIZES:
+            got = generate(llm, batch, {"wedlm_decoding": "ar"})
+            differ = [i for i in range(batch) if got[i] != expected[batch][i]]
+            # -1: one is a prefix of the other (a different length only)
+            first = [next((k for k, (a, b) in enumerate(zip(got[i], expected[batch][i], strict=False)) if a != b), -1)
+                     for i in differ[:5]]
+            result[batch] = {"differ": len(differ), "first_diff_at": first}
+        result["graph_modes"] = llm.collective_rpc("wedlm_graph_modes")[0]
+        results[f"wedlm-{name}"] = result
+        print(name, json.dumps(result), flush=True)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
