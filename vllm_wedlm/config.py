@@ -40,7 +40,7 @@ POS_PENALTY_KEY = "pos_penalty"
 LOSSLESS_KEY = "lossless"
 #: true: every window forwards a fixed 2W rows laid out on the device from the last step's result,
 #: so a step is scheduled without waiting for the one before (what async scheduling needs; the
-#: config hook turns it on with ``--async-scheduling`` on a GPU). Plain windows only.
+#: config hook turns it on with ``--async-scheduling`` on a GPU). Plain windows and per-request AR only.
 FIXED_ROWS_KEY = "fixed_window_rows"
 #: With fixed window rows: a step is scheduled before the one before it is back (pipelined) only
 #: while padding its windows to 2W rows costs at most about this many tokens of forward; otherwise
