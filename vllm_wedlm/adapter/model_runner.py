@@ -395,6 +395,8 @@ class WeDLMRunnerMixin:
         (``_prepare_input_ids``). An AR request's row that holds -1 is its last draw, kept on the
         device per slot (``_wedlm_ar_draws``, written by the step that drew it). vLLM sends the
         real tokens of a request that skipped a step, so -1 is only ever its last row."""
+        if not autoregressive.any():  # the usual step: no scan of its rows, no copy
+            return torch.zeros(0, dtype=torch.long, device=self.device)
         rows = starts[ar_next] + n[ar_next] - 1  # [Ba]
         batch_row = np.repeat(np.arange(len(n)), n)  # [T] the request of each row
         stale = np.flatnonzero(autoregressive[batch_row] & (self.input_ids.np[: len(batch_row)] < 0))  # [S]
