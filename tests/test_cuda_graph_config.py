@@ -70,18 +70,32 @@ def test_graph_sizes_cover_every_token_count_with_little_padding():
         assert padded - tokens < max(8, tokens // 7), (tokens, padded)
 
 
-@pytest.mark.parametrize("max_num_seqs, max_model_len", [(64, 368), (64, 4096), (1, 40), (16, 100), (7, 50)])
+@pytest.mark.parametrize("max_num_seqs, max_model_len", [(64, 368), (64, 4096), (1, 40), (16, 100), (7, 50),
+                                                         (256, 512)])
 def test_capture_sequences_fit_the_block_table_and_hold_their_tokens(max_num_seqs, max_model_len):
     """vLLM's ``_dummy_run`` splits a mixed batch of N tokens over min(N, max_num_seqs) requests, the
-    last one taking the remainder, each with a sequence of N tokens unless told otherwise."""
-    for tokens in graph_sizes(max_num_seqs * 32):
+    last one taking the remainder, each with a sequence of N tokens unless told otherwise; its graph
+    memory profile tells it min(max_model_len, max_num_batched_tokens // N)."""
+    max_num_batched_tokens = max_num_seqs * 32
+    for tokens in graph_sizes(max_num_batched_tokens):
         requests = min(tokens, max_num_seqs)
         queries = [tokens // requests] * requests
         queries[-1] += tokens % requests
-        seq_len = capture_seq_len(tokens, max_num_seqs, max_model_len)
-        if tokens <= max_model_len:
-            assert seq_len is None  # vLLM's own length (N) fits
-            continue
-        assert seq_len >= max(queries)  # every request's tokens are in its sequence
-        assert seq_len <= max(max_model_len, max(queries))  # and it reads no block past max_model_len
-        assert seq_len == max_model_len or max(queries) > max_model_len
+        for requested in (None, min(max_model_len, max_num_batched_tokens // tokens), max_model_len):
+            seq_len = capture_seq_len(tokens, max_num_seqs, max_model_len, requested)
+            asked = tokens if requested is None else requested
+            valid = max(queries) <= asked <= max_model_len
+            if valid:
+                assert seq_len == asked  # vLLM's own length is kept where it is valid
+                continue
+            assert seq_len >= max(queries)  # every request's tokens are in its sequence
+            assert seq_len <= max(max_model_len, max(queries))  # and it reads no block past max_model_len
+            assert seq_len == max_model_len or seq_len == max(queries)
+
+
+def test_the_graph_memory_profile_gets_sequences_that_hold_a_window_step():
+    """What vLLM's profile asked for a WeDLM engine's largest capture: 256 requests of 32 tokens
+    (W 16, max_num_batched_tokens 8192) got sequences of 1 token."""
+    asked = min(512, 8192 // 8192)
+    assert asked == 1
+    assert capture_seq_len(8192, 256, 512, asked) == 32

@@ -130,23 +130,29 @@ def _ragged_arange(counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
-def capture_seq_len(num_tokens: int, max_num_seqs: int, max_model_len: int) -> int | None:
-    """The sequence length of the requests of a mixed-batch graph capture of ``num_tokens`` tokens,
-    or None where vLLM's own choice fits.
+def capture_seq_len(num_tokens: int, max_num_seqs: int, max_model_len: int, requested: int | None = None) -> int:
+    """The sequence length of every request of a mixed-batch warm-up or graph capture of
+    ``num_tokens`` tokens; ``requested``: the length vLLM passes itself (None: its default, N).
 
     vLLM's ``_dummy_run`` splits a mixed batch of ``num_tokens`` over min(num_tokens, max_num_seqs)
-    requests and gives each a sequence of ``num_tokens`` tokens. A WeDLM step carries up to
-    max_num_seqs x 2W tokens, which can exceed ``max_model_len``; such a sequence then reads past
-    its row of the block table (``max_model_len`` tokens of blocks), and a FULL capture, whose
-    attention runs on those lengths, fails with an illegal memory access. The capture's lengths
-    only size its work, so the longest that fits, and still holds each request's own tokens, is
-    used instead.
+    requests (the last takes the remainder) and gives each a sequence of ``num_tokens`` tokens, or
+    of ``requested`` ones. Either can be wrong for a WeDLM engine, whose steps carry up to
+    max_num_seqs x 2W tokens:
+    - N can exceed ``max_model_len``. Such a sequence reads past its row of the block table
+      (``max_model_len`` tokens of blocks), and a FULL capture, whose attention runs on those
+      lengths, fails with an illegal memory access.
+    - vLLM's graph-memory profile asks for min(max_model_len, max_num_batched_tokens // N), written
+      for its own graphs of one-token queries. For a WeDLM capture of 32-token queries that is
+      shorter than the query: each request's tokens would not fit its own sequence (an illegal
+      memory access in FULL capture, seen with a tiny model in bf16 on an H100).
+    The capture's lengths only size its work, so the length asked for is kept where it is valid,
+    and otherwise moved into the valid range: at least the longest query, at most ``max_model_len``
+    unless a query itself is longer.
     """
-    if num_tokens <= max_model_len:
-        return None
     requests = min(num_tokens, max_num_seqs)
-    longest_query = num_tokens // requests + num_tokens % requests  # the last request takes the remainder
-    return max(max_model_len, longest_query)
+    longest_query = num_tokens // requests + num_tokens % requests
+    asked = num_tokens if requested is None else requested
+    return min(max(asked, longest_query), max(max_model_len, longest_query))
 
 
 class WeDLMRunnerMixin:
@@ -708,9 +714,9 @@ class WeDLMRunnerMixin:
 
     def _dummy_run(self, num_tokens: int, *args, **kwargs):
         # Warm-up and graph capture: mixed batches get sequences that fit the block table.
-        if not (kwargs.get("uniform_decode") or kwargs.get("create_mixed_batch") or kwargs.get("profile_seq_lens")):
+        if not (kwargs.get("uniform_decode") or kwargs.get("create_mixed_batch")):
             kwargs["profile_seq_lens"] = capture_seq_len(num_tokens, self.scheduler_config.max_num_seqs,
-                                                         self.max_model_len)
+                                                         self.max_model_len, kwargs.get("profile_seq_lens"))
         return super()._dummy_run(num_tokens, *args, **kwargs)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
