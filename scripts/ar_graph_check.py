@@ -7,16 +7,25 @@ tokens. For each engine configuration and batch size (1 to 64 arithmetic prompts
 workload, max_tokens 256), it records how many requests differ from the AR engine's and the first
 token where each of the first five does, and the steps run per graph mode. Found that a FULL graph
 of a step of AR requests alone gave wrong tokens (BENCHMARKS.md 5.13).
+
+The ``v1-full`` and ``v1-full-and-piecewise`` configurations leave the plugin's WeDLM runner out:
+an AR engine on vLLM's own V1 runner with that graph mode. On an H100 (bf16, FlashAttention 3)
+``v1-full`` gave every request of a batch of 8 or more wrong tokens from the second one, as the
+WeDLM engine did before it moved FlashAttention's schedule into the graph; so the fault is vLLM's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 CONFIGS = {"default": {}, "eager": {"enforce_eager": True},
-           "piecewise": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}}
+           "piecewise": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+           "v1-full": {"compilation_config": {"cudagraph_mode": "FULL"}},
+           "v1-full-and-piecewise": {"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}}
+V1_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's switch; "0" for the engines of the v1-* configurations
 BATCH_SIZES = (1, 8, 16, 32, 64)
 
 
@@ -47,17 +56,28 @@ def main() -> None:
     del llm
     results = {}
     for name in args.configs.split(","):
-        llm = LLM(args.model, additional_config={"decoding": "wedlm", "window_size": 16}, **common, **CONFIGS[name])
+        vllm_alone = name.startswith("v1-")
+        saved = os.environ.get(V1_RUNNER_ENV)
+        if vllm_alone:  # read when the engine is configured; its process inherits it
+            os.environ[V1_RUNNER_ENV] = "0"
+        decoding = {"decoding": "ar"} if vllm_alone else {"decoding": "wedlm", "window_size": 16}
+        try:
+            llm = LLM(args.model, additional_config=decoding, **common, **CONFIGS[name])
+        finally:
+            os.environ.pop(V1_RUNNER_ENV, None)
+            if saved is not None:
+                os.environ[V1_RUNNER_ENV] = saved
         result = {}
         for batch in BATCH_SIZES:
-            got = generate(llm, batch, {"wedlm_decoding": "ar"})
+            got = generate(llm, batch, None if vllm_alone else {"wedlm_decoding": "ar"})
             differ = [i for i in range(batch) if got[i] != expected[batch][i]]
             # -1: one is a prefix of the other (a different length only)
             first = [next((k for k, (a, b) in enumerate(zip(got[i], expected[batch][i], strict=False)) if a != b), -1)
                      for i in differ[:5]]
             result[batch] = {"differ": len(differ), "first_diff_at": first}
-        result["graph_modes"] = llm.collective_rpc("wedlm_graph_modes")[0]
-        results[f"wedlm-{name}"] = result
+        if not vllm_alone:
+            result["graph_modes"] = llm.collective_rpc("wedlm_graph_modes")[0]
+        results[name if vllm_alone else f"wedlm-{name}"] = result
         print(name, json.dumps(result), flush=True)
         llm.llm_engine.engine_core.shutdown()
         del llm

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import VARIANTS
 from engines import running_llm
-from vllm_wedlm.evaluation import request_forwards
+from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
 
 WINDOW = 8
 MAX_TOKENS = 40
@@ -92,20 +92,27 @@ def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(runs):
 
 
 def test_steps_of_ar_requests_alone_equal_eager_ones():
-    """A WeDLM engine's steps in which every request forwards one token (AR requests only) give the
-    tokens of the same engine run eagerly. On a GPU in bf16 (FlashAttention, FULL graphs) vLLM's
-    FULL graph of a mixed batch gave such steps wrong tokens (BENCHMARKS 5.13); on the CPU there are
-    no graphs, and the two runs must agree all the same."""
+    """A WeDLM engine's steps in which every request forwards one token (AR requests only) replay
+    its CUDA graphs and give the tokens of the same engine run eagerly. On a GPU in bf16
+    (FlashAttention 3, FULL graphs) such steps gave wrong tokens while vLLM computed the attention
+    schedule outside the graph (BENCHMARKS 5.13); on the CPU there are no graphs, and the two runs
+    must agree all the same."""
     from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
     from vllm_wedlm.testing import on_gpu
 
     # The shipped trained model: on a GPU in bf16 its attention runs FlashAttention, where the tiny
     # random checkpoints' head size does not fit.
     dtype = "bfloat16" if on_gpu() else "float32"
-    runs = []
+    runs, modes = [], []
     for eager in (False, True):
         with running_llm(MICRO_CHECKPOINT, dtype=dtype, enforce_eager=eager, max_model_len=512, max_num_seqs=64,
                          max_num_batched_tokens=8192,
                          additional_config={"decoding": "wedlm", "window_size": WINDOW}) as llm:
+            before = graph_modes(llm)  # warm-up and capture runs
             runs.append(token_ids(llm.generate(PROMPTS, greedy(wedlm_decoding="ar"), use_tqdm=False)))
+            modes.append(graph_modes_since(llm, before))
     assert runs[0] == runs[1]
+    if on_gpu():
+        # Every step after the prefill forwards one token per request, and each replays a graph.
+        assert modes[0].get("FULL", 0) >= max(map(len, runs[0])) - 1, modes[0]
+        assert "FULL" not in modes[1], modes[1]

@@ -143,8 +143,9 @@ def capture_seq_len(num_tokens: int, max_num_seqs: int, max_model_len: int, requ
       lengths, fails with an illegal memory access.
     - vLLM's graph-memory profile asks for min(max_model_len, max_num_batched_tokens // N), written
       for its own graphs of one-token queries. For a WeDLM capture of 32-token queries that is
-      shorter than the query: each request's tokens would not fit its own sequence (an illegal
-      memory access in FULL capture, seen with a tiny model in bf16 on an H100).
+      shorter than the query: each request's tokens would not fit its own sequence. (An illegal
+      memory access in that profile was seen once with a tiny model in bf16 on an H100; whether
+      this was its cause is not known, it did not recur.)
     The capture's lengths only size its work, so the length asked for is kept where it is valid,
     and otherwise moved into the valid range: at least the longest query, at most ``max_model_len``
     unless a query itself is longer.
@@ -720,17 +721,26 @@ class WeDLMRunnerMixin:
         return super()._dummy_run(num_tokens, *args, **kwargs)
 
     def _determine_batch_execution_and_padding(self, *args, **kwargs):
-        if (kwargs.get("force_uniform_decode") is None and kwargs.get("max_num_scheduled_tokens") == 1
-                and kwargs.get("num_reqs", 0) > 1):
-            # A step of two or more requests that each forward one token: only AR-decoded requests
-            # (a window forwards W rows or more). Replaying vLLM's FULL graph of a mixed batch gave
-            # such steps wrong tokens on an H100 (bf16, FlashAttention; BENCHMARKS 5.13), from the
-            # first few decode steps, where eager and PIECEWISE runs gave the AR engine's tokens. The
-            # cause is not found; such a step runs eagerly. One request alone replays its graph.
-            kwargs["force_eager"] = True
         decision = super()._determine_batch_execution_and_padding(*args, **kwargs)
         self.wedlm_graph_modes[decision[0].name] += 1
         return decision
+
+    def initialize_metadata_builders(self, *args, **kwargs) -> None:
+        super().initialize_metadata_builders(*args, **kwargs)
+        for groups in self.attn_groups:
+            for group in groups:
+                for builder in group.metadata_builders:
+                    if getattr(builder, "aot_schedule", False) and getattr(builder, "use_full_cuda_graph", False):
+                        # FlashAttention 3 with FULL graphs: vLLM computes the kernel's tile schedule
+                        # on the host each step, from that step's longest query, and the graph replays
+                        # the kernel captured for its batch's longest query. A WeDLM engine replays its
+                        # mixed-batch graphs for every step, and where the two lengths differ the
+                        # schedule need not fit the kernel: at one token per request (AR-decoded
+                        # requests alone; vLLM's own V1 runner with cudagraph_mode FULL too) the
+                        # tokens were wrong (BENCHMARKS.md 5.13). Without it, FlashAttention computes
+                        # the schedule inside the graph, from the kernel's own arguments. Its split
+                        # bound (max_num_splits), set for graphs, stays.
+                        builder.aot_schedule = False
 
     def _bookkeeping_sync(self, *args, **kwargs):
         # vLLM rewinds the generator of a discarded (partial-prefill) row by one draw; WeDLM drew
