@@ -132,8 +132,9 @@ def configure_cuda_graphs(vllm_config: VllmConfig, window_tokens: int) -> None:
     mixed batches. A WeDLM step forwards up to ``window_tokens`` (every running window, whole) and
     windows are mixed batches, so with the defaults large batches ran with no graph at all and the
     rest PIECEWISE. Here capture sizes reach ``window_tokens``, and with FlashAttention the mode is
-    ``FULL``, so mixed batches replay FULL graphs too (``full_graph_backend``). A user's own mode and
-    capture sizes stay.
+    ``FULL``, so mixed batches replay FULL graphs too (``full_graph_backend``); the runner then has
+    FlashAttention compute its schedule inside those graphs (``initialize_metadata_builders``). A
+    user's own mode and capture sizes stay.
     """
     from vllm.config import CUDAGraphMode
 
