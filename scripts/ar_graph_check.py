@@ -10,7 +10,7 @@ of a step of AR requests alone gave wrong tokens (BENCHMARKS.md 5.13).
 
 The ``v1-full`` and ``v1-full-and-piecewise`` configurations leave the plugin's WeDLM runner out:
 an AR engine on vLLM's own V1 runner with that graph mode. On an H100 (bf16, FlashAttention 3)
-``v1-full`` gave every request of a batch of 8 or more wrong tokens from the second one, as the
+``v1-full`` gave every request of a batch of 8 or more a wrong token within its first nine, as the
 WeDLM engine did before it moved FlashAttention's schedule into the graph; so the fault is vLLM's.
 """
 
@@ -19,7 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the benchmarks package, as scripts/graph_parity.py does
 
 CONFIGS = {"default": {}, "eager": {"enforce_eager": True},
            "piecewise": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
