@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the benchmarks package, as scripts/graph_parity.py does
@@ -61,16 +62,10 @@ def main() -> None:
     results = {}
     for name in args.configs.split(","):
         vllm_alone = name.startswith("v1-")
-        saved = os.environ.get(V1_RUNNER_ENV)
-        if vllm_alone:  # read when the engine is configured; its process inherits it
-            os.environ[V1_RUNNER_ENV] = "0"
         decoding = {"decoding": "ar"} if vllm_alone else {"decoding": "wedlm", "window_size": 16}
-        try:
+        # vLLM reads the switch when the engine is configured, and its process inherits it.
+        with patch.dict(os.environ, {V1_RUNNER_ENV: "0"} if vllm_alone else {}):
             llm = LLM(args.model, additional_config=decoding, **common, **CONFIGS[name])
-        finally:
-            os.environ.pop(V1_RUNNER_ENV, None)
-            if saved is not None:
-                os.environ[V1_RUNNER_ENV] = saved
         result = {}
         for batch in BATCH_SIZES:
             got = generate(llm, batch, None if vllm_alone else {"wedlm_decoding": "ar"})

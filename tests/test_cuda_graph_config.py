@@ -94,8 +94,6 @@ def test_capture_sequences_fit_the_block_table_and_hold_their_tokens(max_num_seq
 
 
 def test_the_graph_memory_profile_gets_sequences_that_hold_a_window_step():
-    """What vLLM's profile asked for a WeDLM engine's largest capture: 256 requests of 32 tokens
-    (W 16, max_num_batched_tokens 8192) got sequences of 1 token."""
-    asked = min(512, 8192 // 8192)
-    assert asked == 1
-    assert capture_seq_len(8192, 256, 512, asked) == 32
+    """A WeDLM engine's largest capture, 256 requests of 32 tokens (W 16, max_num_batched_tokens
+    8192, max_model_len 512), for which vLLM's profile asks min(512, 8192 // 8192) = 1 token."""
+    assert capture_seq_len(8192, 256, 512, requested=1) == 32

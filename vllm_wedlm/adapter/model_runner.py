@@ -714,7 +714,7 @@ class WeDLMRunnerMixin:
                               check_tokens, window_size, self.wedlm_mask_id)
 
     def _dummy_run(self, num_tokens: int, *args, **kwargs):
-        # Warm-up and graph capture: mixed batches get sequences that fit the block table.
+        # Warm-up and graph capture: mixed batches get sequences that fit the block table and hold their queries.
         if not (kwargs.get("uniform_decode") or kwargs.get("create_mixed_batch")):
             kwargs["profile_seq_lens"] = capture_seq_len(num_tokens, self.scheduler_config.max_num_seqs,
                                                          self.max_model_len, kwargs.get("profile_seq_lens"))
