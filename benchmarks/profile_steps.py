@@ -10,7 +10,8 @@ vLLM runs its engine core and (with one GPU) its worker in this process when
 runner (our overrides included) and the points where the CPU waits for the GPU. With
 ``--kernel-time`` (GPU) the batch first runs once unprofiled for its wall time per step, then once
 under torch's profiler for the GPU's kernel time per step: what of a step the GPU is busy, hence
-what overlapping the host's work with it could save at most.
+what overlapping the host's work with it could save at most. ``--json`` also gets that time by kind
+of kernel (attention, matrix products, other) and the ``--top`` kernels, each per step.
 
 ``--shape`` profiles a model of a real shape on random weights instead of a trained one (as
 ``benchmarks step-cost`` measures it): random prompt token ids of ``--prompt-tokens``, every answer
@@ -128,6 +129,7 @@ def _steps(llm, args, outputs=None) -> int:
 
 
 def _kernel_time(llm, texts, params, args) -> None:
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from vllm_wedlm.evaluation import window_steps
@@ -141,10 +143,16 @@ def _kernel_time(llm, texts, params, args) -> None:
         llm.generate(texts, params, use_tqdm=False)
     if args.trace:
         prof.export_chrome_trace(args.trace)
-    kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.self_device_time_total > 0)
+    # Kernels only: a host-side op (an eager aten op, a graph launch) also reports its kernels' time.
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    kernel_us = sum(e.self_device_time_total for e in kernels)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"decoding": args.decoding, "batch": args.batch_size, "tokens": tokens, "steps": num_steps,
-              "wall_ms_per_step": wall * 1e3 / num_steps, "gpu_kernel_ms_per_step": kernel_us / 1e3 / num_steps}
+              "wall_ms_per_step": wall * 1e3 / num_steps, "gpu_kernel_ms_per_step": kernel_us / 1e3 / num_steps,
+              "gpu_ms_per_step_by_kind": kernel_kinds(kernels, num_steps),
+              "top_kernels": [{"name": e.key[:160], "ms_per_step": round(e.self_device_time_total / 1e3 / num_steps, 4),
+                               "calls_per_step": round(e.count / num_steps, 2)}
+                              for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:args.top]]}
     if args.decoding == "wedlm":  # both runs: were the window steps' device work compiled?
         result["window_steps"] = window_steps(llm)
     print(json.dumps(result))
@@ -152,6 +160,23 @@ def _kernel_time(llm, texts, params, args) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+
+
+# Kernel name fragments by what the kernel does, first match wins: attention (FlashAttention 3's
+# kernels, which are CUTLASS kernels, hence first, and vLLM's KV cache write for it), matrix products
+# (cuBLAS's and CUTLASS's names), then everything else (norms, activations, rotary embedding, the
+# window step's fused reductions, copies).
+KERNEL_KINDS = (("attention", ("flash", "fmha")), ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "splitk")))
+
+
+def kernel_kinds(kernels, num_steps: int) -> dict[str, float]:
+    """GPU milliseconds per step by kind of kernel (``KERNEL_KINDS``), from torch profiler averages."""
+    totals = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for event in kernels:
+        name = event.key.lower()
+        kind = next((kind for kind, parts in KERNEL_KINDS if any(part in name for part in parts)), "other")
+        totals[kind] += event.self_device_time_total / 1e3 / num_steps
+    return {kind: round(ms, 3) for kind, ms in totals.items()}
 
 
 if __name__ == "__main__":

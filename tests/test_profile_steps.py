@@ -31,3 +31,21 @@ def test_profile_of_a_shape_counts_its_steps(decoding):
     assert tokens == BATCH * MAX_TOKENS
     assert steps == (MAX_TOKENS if decoding == "ar" else MAX_TOKENS // W)
     assert "function calls" in done.stdout  # the host's profile follows
+
+
+def test_kernels_are_sorted_by_kind_per_step():
+    """The per-kind GPU times of ``--kernel-time``: FlashAttention 3's kernels are CUTLASS kernels
+    but count as attention; cuBLAS's count as matrix products; the rest as other."""
+    from types import SimpleNamespace
+
+    from benchmarks.profile_steps import kernel_kinds
+
+    names_and_us = [
+        ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>", 3000.0),
+        ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>", 1000.0),
+        ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", 8000.0),
+        ("void cublasLt::splitKreduce_kernel<32, 16>", 2000.0),
+        ("triton_poi_fused_mul_silu_slice_1", 500.0),
+    ]
+    kernels = [SimpleNamespace(key=name, self_device_time_total=us) for name, us in names_and_us]
+    assert kernel_kinds(kernels, num_steps=2) == {"attention": 2.0, "matmul": 5.0, "other": 0.25}
