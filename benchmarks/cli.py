@@ -62,7 +62,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="WeDLM checkpoint (default: a tiny local random one)")
     parser.add_argument("--modes", default="ar,ngram,wedlm:0.2,wedlm:0.4,wedlm:0.8",
                         help="comma-separated: ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU], wedlm-ar; "
-                             "+async after a WeDLM or wedlm-ar mode")
+                             "+async or +sync after a WeDLM one for that scheduling (none: the engine's default)")
     parser.add_argument("--kinds", default="counting,arithmetic,code,prose")
     parser.add_argument("--requests", type=int, default=32, help="prompts per task kind")
     parser.add_argument("--shots", default="0", help="solved examples before each prompt (prompt-length sweep)")
@@ -121,9 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     p_step.add_argument("--repeats", type=int, default=1, help="timed pairs per point (median and spread kept)")
     p_step.add_argument("--cudagraph-mode", help="vLLM's compilation_config cudagraph_mode for every engine "
                         "(default: vLLM's)")
-    p_step.add_argument("--scheduling", default="sync",
-                        help="WeDLM engines' scheduling, comma-separated, one engine each: sync (exact window "
-                        "rows) and/or async (vLLM's async scheduling with fixed window rows)")
+    p_step.add_argument("--scheduling", default="default",
+                        help="WeDLM engines' scheduling, comma-separated, one engine each: default (the engine's "
+                        "own: async on a GPU), sync (--no-async-scheduling, exact window rows) and/or async "
+                        "(--async-scheduling, fixed window rows); each row records what ran")
     p_step.add_argument("--json", required=True)
     p_rep = sub.add_parser("report", help="markdown tables and plots from result files")
     p_rep.add_argument("results", nargs="+")
@@ -140,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     PARTIAL.unlink(missing_ok=True)
     started = time.time()
     record = {"benchmark": args.command, "command": " ".join(["python -m benchmarks", *(argv or sys.argv[1:])])}
-    if args.command == "step-cost" and not set(args.scheduling.split(",")) <= {"sync", "async"}:
-        parser.error(f"--scheduling takes sync and/or async, got {args.scheduling!r}")
+    if args.command == "step-cost" and not set(args.scheduling.split(",")) <= {"default", "sync", "async"}:
+        parser.error(f"--scheduling takes default, sync and/or async, got {args.scheduling!r}")
     if args.command == "step-cost":
         model = step_cost.write_shape(Path(args.workdir) / args.shape, args.shape)
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}

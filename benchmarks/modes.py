@@ -9,11 +9,13 @@
   (``wedlm_lossless``): AR's output, drafted at threshold TAU (``lossless:inf`` drafts every mask);
 * ``wedlm-ar``: requests decoded AR on a WeDLM engine (``wedlm_decoding: ar``): one token per
   forward, as ``ar``, on the engine WeDLM requests run on (what mixing the two modes costs);
-* a ``+async`` suffix on a WeDLM or ``wedlm-ar`` mode (``wedlm:0.4+async``): its engine runs vLLM's
-  async scheduling (fixed window rows, GPU only); without it a WeDLM engine schedules synchronously.
+* a ``+async`` or ``+sync`` suffix on a WeDLM, lossless or ``wedlm-ar`` mode (``wedlm:0.4+sync``):
+  its engine runs with ``--async-scheduling`` (fixed window rows, GPU only) or
+  ``--no-async-scheduling`` (exact window rows); without one, the engine's default (on a GPU, async
+  scheduling, as for AR; on a CPU, synchronous). Each result row records the scheduling that ran.
 
-All WeDLM, lossless and ``wedlm-ar`` modes share one engine (all are per-request knobs), and all
-``+async`` ones another; AR and each n-gram setting need their own.
+All WeDLM, lossless and ``wedlm-ar`` modes of one suffix share one engine (all are per-request
+knobs); AR and each n-gram setting need their own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass, replace
 from vllm_wedlm.config import REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
 
 DEFAULT_NGRAM_TOKENS = 4
-ASYNC_SUFFIX = "+async"
+#: Suffix -> the engine's scheduling: vLLM's --async-scheduling / --no-async-scheduling.
+SCHEDULING_SUFFIXES = {"+async": "async", "+sync": "sync"}
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
 
 
@@ -35,7 +38,7 @@ class Mode:
     ngram_tokens: int = 0  # speculative tokens of the n-gram proposer, 0 = off
     entropy_threshold: float | None = None  # WeDLM's tau for this mode's requests, None = server default
     lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
-    async_scheduling: bool = False  # a WeDLM engine with vLLM's async scheduling (AR's is vLLM's default)
+    scheduling: str | None = None  # a WeDLM engine's: "async", "sync" or None (the engine's default)
     per_request_ar: bool = False  # requests decoded AR on a WeDLM engine (one token per forward)
 
     @property
@@ -48,7 +51,7 @@ class Mode:
         """Modes with equal ``engine`` run on one engine."""
         if self.ngram_tokens:
             return f"ngram:{self.ngram_tokens}"
-        return self.decoding + ASYNC_SUFFIX * self.async_scheduling
+        return self.decoding + (f"+{self.scheduling}" if self.scheduling else "")
 
     def additional_config(self, window_size: int, window_tokens: int | None = None) -> dict:
         """``window_tokens``: the adaptive window's budget (WINDOW_TOKENS_KEY), None = a fixed W."""
@@ -74,12 +77,13 @@ class Mode:
 
 def parse_mode(text: str) -> Mode:
     text = text.strip()
-    if text.endswith(ASYNC_SUFFIX):
-        mode = parse_mode(text[: -len(ASYNC_SUFFIX)])
-        if mode.decoding != "wedlm" or mode.lossless:
-            raise ValueError(f"{ASYNC_SUFFIX} is for plain WeDLM and wedlm-ar modes (AR engines are async by "
-                             f"default): {text!r}")
-        return replace(mode, name=mode.name + ASYNC_SUFFIX, async_scheduling=True)
+    for suffix, scheduling in SCHEDULING_SUFFIXES.items():
+        if text.endswith(suffix):
+            mode = parse_mode(text[: -len(suffix)])
+            if mode.decoding != "wedlm":
+                raise ValueError(f"{suffix} is for WeDLM, lossless and wedlm-ar modes (AR engines keep vLLM's "
+                                 f"default): {text!r}")
+            return replace(mode, name=mode.name + suffix, scheduling=scheduling)
     kind, _, arg = text.partition(":")
     if kind == "ar" and not arg:
         return Mode("ar", "ar")
@@ -98,8 +102,8 @@ def parse_mode(text: str) -> Mode:
         if not math.isfinite(tau) or tau < 0:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
-    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU][+async], wedlm:inf, lossless[:TAU] or "
-                     "wedlm-ar[+async]")
+    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU] or "
+                     "wedlm-ar, the WeDLM ones with +async or +sync")
 
 
 def parse_modes(text: str) -> list[Mode]:

@@ -14,6 +14,18 @@ from benchmarks.workload import Prompt, take
 from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, window_steps, window_steps_since
 from vllm_wedlm.testing import engine_kwargs
 
+#: Requests of a batch-1 point, run one at a time: a single request is one question's few forwards.
+BATCH1_REQUESTS = 16
+
+
+def engine_scheduling(llm) -> dict[str, str]:
+    """How a WeDLM engine ran: vLLM's scheduling (async or sync, as resolved from the flags and the
+    platform) and its window rows (fixed: laid out on the device; exact: from the host)."""
+    config = llm.llm_engine.vllm_config
+    fixed = (config.additional_config or {}).get("fixed_window_rows", False)
+    return {"scheduling": "async" if config.scheduler_config.async_scheduling else "sync",
+            "window_rows": "fixed" if fixed else "exact"}
+
 
 def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dict[str, Any],
                     window_tokens: int | None = None) -> dict[str, Any]:
@@ -23,8 +35,8 @@ def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dic
     settings["max_num_seqs"] = max_batch
     # Every WeDLM window of a full batch fits one step, whatever the mode.
     settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
-    if mode.async_scheduling:
-        settings["async_scheduling"] = True
+    if mode.scheduling:
+        settings["async_scheduling"] = mode.scheduling == "async"
     if mode.ngram_tokens:
         settings["speculative_config"] = mode.speculative_config()
         settings["disable_log_stats"] = False  # the accepted-token counter tells forwards apart
@@ -106,7 +118,8 @@ class _Measurement:
         """Every point for the modes of ``engines`` ((modes, their vllm.LLM) pairs)."""
         runs = [(mode, llm, ForwardCounter(llm, mode)) for group, llm in engines for mode in group]
         for shots, kind, prompts, limit, batch_size in self.settings:
-            batch = take(prompts, batch_size)
+            one_at_a_time = batch_size == 1
+            batch = take(prompts, BATCH1_REQUESTS if one_at_a_time else batch_size)
             times: dict[str, list[float]] = {mode.name: [] for mode, _, _ in runs}
             forwards = dict.fromkeys(times, 0)
             steps: dict[str, dict[str, int]] = {name: {} for name in times}  # WeDLM: steps per graph mode
@@ -119,7 +132,10 @@ class _Measurement:
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
                     plain_before = window_steps(llm) if mode.decoding == "wedlm" else {}
                     start = time.perf_counter()
-                    outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
+                    if one_at_a_time:  # each request alone, the next once it finished
+                        outputs[mode.name] = [llm.generate([p.text], params, use_tqdm=False)[0] for p in batch]
+                    else:
+                        outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
                     times[mode.name].append(time.perf_counter() - start)
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs[mode.name])
                     forwards[mode.name] += counter.forwards(before, counter.snapshot(), tokens)
@@ -128,12 +144,14 @@ class _Measurement:
                             steps[mode.name][graph] = steps[mode.name].get(graph, 0) + count
                         for how, count in window_steps_since(llm, plain_before).items():
                             plain_steps[mode.name][how] += count
-            for mode, _, _ in runs:
+            for mode, llm, _ in runs:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
-                          forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name])
+                          forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name],
+                          engine_scheduling(llm) if mode.decoding == "wedlm" else {})
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
-             times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int]) -> None:
+             times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int],
+             scheduling: dict[str, str]) -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -150,6 +168,7 @@ class _Measurement:
             "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
         }
         if wedlm:
+            row.update(scheduling)
             row["graph_modes"] = steps
             row["window_steps"] = plain_steps  # steps of plain windows: device work compiled / eager
         self.rows.append(row)

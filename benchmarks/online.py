@@ -43,8 +43,8 @@ def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[s
         args += ["--wedlm-window-size", str(window_size)]
         if window_tokens is not None:
             args += ["--wedlm-window-tokens", str(window_tokens)]
-    if mode.async_scheduling:
-        args.append("--async-scheduling")
+    if mode.scheduling:
+        args.append("--async-scheduling" if mode.scheduling == "async" else "--no-async-scheduling")
     if mode.ngram_tokens:
         args += ["--speculative-config", json.dumps(mode.speculative_config())]
     return args + extra

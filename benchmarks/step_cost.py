@@ -96,9 +96,10 @@ def _engine_graphs(llm) -> dict:
 
 def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
         lengths: tuple[int, int], engine_overrides: dict[str, Any], progress, repeats: int = 1,
-        schedulings: tuple[str, ...] = ("sync",)) -> list[dict]:
-    """``schedulings``: how WeDLM engines schedule, each its own engine: "sync" (exact window rows,
-    one step at a time) and/or "async" (vLLM's async scheduling, fixed window rows)."""
+        schedulings: tuple[str, ...] = ("default",)) -> list[dict]:
+    """``schedulings``: how WeDLM engines schedule, each its own engine: "default" (the engine's
+    own choice, recorded per row), "sync" (--no-async-scheduling: exact window rows, one step at a
+    time) and/or "async" (--async-scheduling: fixed window rows)."""
     from vllm import LLM
 
     _, n2 = lengths
@@ -113,7 +114,7 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
                         max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
-        if scheduling is not None:
+        if scheduling not in (None, "default"):
             settings["async_scheduling"] = scheduling == "async"
         started = time.perf_counter()
         llm = LLM(str(model), **settings)
@@ -127,7 +128,8 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
                     modes_before = graph_modes(llm) if decoding == "wedlm" else {}
                     steps_before = window_steps(llm) if decoding == "wedlm" else {}
-                    layouts_before = row_layouts(llm) if scheduling == "async" else {}
+                    fixed = (llm.llm_engine.vllm_config.additional_config or {}).get("fixed_window_rows", False)
+                    layouts_before = row_layouts(llm) if fixed else {}
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
                     step_ms = float(np.median(steps_ms))
@@ -137,9 +139,11 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                            "step_ms_spread": [round(steps_ms[0], 3), round(steps_ms[-1], 3)], "repeats": repeats,
                            "tokens_per_step": round(tokens_per_step, 3),
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
-                    if scheduling is not None:
-                        row["scheduling"] = scheduling
-                    if scheduling == "async":  # the gate's choices: steps padded (pipelined) or exact
+                    if scheduling is not None:  # what ran, whatever was asked
+                        row["scheduling"] = ("async" if llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+                                             else "sync")
+                        row["window_rows"] = "fixed" if fixed else "exact"
+                    if fixed:  # the gate's choices: steps padded (pipelined) or exact
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager
                         row["graph_modes"] = graph_modes_since(llm, modes_before)

@@ -37,12 +37,15 @@ def checkpoint(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("adaptive"), TinySpec(variant="qwen2", logit_scale=100.0))
 
 
-def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint):
+@pytest.mark.parametrize("fixed_rows", [False, True], ids=["exact-rows", "fixed-rows"])
+def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_rows):
+    """``fixed_rows``: the layout of async scheduling (a GPU's default), run synchronously here."""
     from vllm import SamplingParams
 
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
-    wedlm = {"decoding": "wedlm", "window_size": MAX_WINDOW, "window_tokens": WINDOW_TOKENS, "entropy_threshold": TAU}
+    wedlm = {"decoding": "wedlm", "window_size": MAX_WINDOW, "window_tokens": WINDOW_TOKENS, "entropy_threshold": TAU,
+             "fixed_window_rows": fixed_rows}
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -124,19 +125,31 @@ def test_invalid_server_knobs_are_refused_at_start_up(tiny_checkpoints, settings
 def test_wedlm_mode_installs_the_plugin_pieces(tiny_checkpoints):
     from vllm.engine.arg_utils import EngineArgs
 
-    config = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
-                        kv_cache_memory_bytes=1 << 26,
-                        additional_config={"decoding": "wedlm", "window_size": 16}).create_engine_config()
-    assert config.scheduler_config.scheduler_cls == "vllm_wedlm.adapter.scheduler.WeDLMScheduler"
-    from vllm_wedlm.adapter.config_hook import WORKER_CLS
+    from vllm_wedlm.adapter.config_hook import FIXED_ROWS_SCHEDULER_CLS, SCHEDULER_CLS, WORKER_CLS
     from vllm_wedlm.testing import on_gpu
 
+    def wedlm_config(**flags):
+        return EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
+                          kv_cache_memory_bytes=1 << 26, additional_config={"decoding": "wedlm", "window_size": 16},
+                          **flags).create_engine_config()
+
+    config = wedlm_config()
+    # The engine vLLM gives AR by default: on a GPU async scheduling, on fixed window rows; vLLM's
+    # CPU platform schedules synchronously, each window forwarding its exact rows.
+    assert config.scheduler_config.scheduler_cls == (FIXED_ROWS_SCHEDULER_CLS if on_gpu() else SCHEDULER_CLS)
+    assert config.scheduler_config.async_scheduling is on_gpu()
+    assert config.additional_config.get("fixed_window_rows", False) is on_gpu()
+    # --no-async-scheduling: synchronous, exact rows, on either platform.
+    off = wedlm_config(async_scheduling=False)
+    assert off.scheduler_config.scheduler_cls == SCHEDULER_CLS and off.scheduler_config.async_scheduling is False
     # The worker of this machine's platform: CPU here and in CI, CUDA on a GPU machine.
     assert config.parallel_config.worker_cls == WORKER_CLS["cuda" if on_gpu() else "cpu"]
     assert config.parallel_config.worker_cls.endswith("GPUWorker" if on_gpu() else "CPUWorker")
-    assert config.scheduler_config.async_scheduling is False
     assert config.scheduler_config.max_num_seqs * 32 <= config.scheduler_config.max_num_batched_tokens
+    # The V1 runner, chosen by vLLM itself for an engine with a custom logits processor: no
+    # process-wide switch is set, which would change the runner of later engines of this process.
     assert not config.use_v2_model_runner
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
     # AR mode installs nothing.
     ar = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
                     kv_cache_memory_bytes=1 << 26).create_engine_config()

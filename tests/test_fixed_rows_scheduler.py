@@ -73,6 +73,28 @@ class WindowCounts:
 
 
 @dataclass
+class LosslessCounts(WindowCounts):
+    """A lossless window (``wedlm_lossless``): its leading run is slot 0, the model's own next token,
+    then unverified fills; its forward verifies them and returns the verified run, whose KV that
+    forward wrote, so it returns nothing before its first window's forward."""
+
+    def forward(self, rng: random.Random, window_size: int) -> int:
+        lead = leading_run(self.filled)
+        run = rng.randint(1, lead)  # slot 0 and the fills accepted after it
+        filled = list(self.filled)
+        if run < len(filled):
+            filled[run] = True  # the row's own token after the run: the next window's slot 0
+        filled[run + 1: lead] = [False] * max(lead - run - 1, 0)  # fills after a rejection: masks again
+        masks = [i for i, f in enumerate(filled) if not f and i > run]
+        for i in masks:
+            filled[i] = rng.random() < self.fill_rate
+        filled = filled[: run + window_size]
+        self.computed += run
+        self.plan(filled[run:], window_size)
+        return run
+
+
+@dataclass
 class ArCounts:
     """What the runner knows of a request decoded AR on the engine (``wedlm_decoding: ar``)."""
 
@@ -93,17 +115,21 @@ class RunnerCounts:
     resumed: int = 0  # windows kept through a preemption
     voids: int = 0  # windows void for a step (given fewer rows than they have)
     ar_pipelined: int = 0  # AR steps scheduled while the request's step before was in flight
+    lossless_steps: int = 0  # lossless window steps, pipelined or not
+    windows_pipelined: int = 0  # window steps scheduled while the request's window step before was in flight
 
-    def execute(self, out, scheduler, in_flight: set[str]):
+    def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
         for new in out.scheduled_new_reqs:
-            if new.sampling_params.extra_args:
+            extra_args = new.sampling_params.extra_args or {}
+            if extra_args.get("wedlm_decoding") == "ar":
                 self.requests[new.req_id] = ArCounts(len(new.prompt_token_ids), new.num_computed_tokens)
                 continue
-            self.requests[new.req_id] = WindowCounts(len(new.prompt_token_ids), new.num_computed_tokens,
+            kind = LosslessCounts if extra_args.get("wedlm_lossless") else WindowCounts
+            self.requests[new.req_id] = kind(len(new.prompt_token_ids), new.num_computed_tokens,
                                                      self.rng.choice([1.0, 1.0, 0.5, 0.2, 0.0]))
         cached = out.scheduled_cached_reqs
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
@@ -117,6 +143,7 @@ class RunnerCounts:
         if not out.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
         req_ids = list(out.num_scheduled_tokens)
+        self.windows_pipelined += len(set(out.scheduled_spec_decode_tokens) & windows_in_flight)
         runs = [self._step(req_id, out, scheduler, req_id in in_flight) for req_id in req_ids]
         return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                  sampled_token_ids=[[7] * run for run in runs])
@@ -137,6 +164,8 @@ class RunnerCounts:
             assert window.prompt + window.drawn <= MAX_MODEL_LEN, (req_id, window)
             return 1
         w, q = self.window_size, 2 * self.window_size
+        if isinstance(window, LosslessCounts):
+            return self._lossless_step(req_id, window, rows, drafts, scheduler)
         if window.resuming:  # its window comes back once the output tokens are prefilled again
             assert not drafts, req_id
             window.computed += rows
@@ -171,6 +200,26 @@ class RunnerCounts:
         return window.forward(self.rng, w)
 
 
+    def _lossless_step(self, req_id: str, window: LosslessCounts, rows: int, drafts: int, scheduler) -> int:
+        """A lossless request's part of a step: its prompt (no first window rides with it), then
+        windows of 2W rows (cut at max_model_len), never void."""
+        q = 2 * self.window_size
+        if window.resuming or window.filled is None:
+            assert not drafts, req_id
+            window.computed += rows
+            if window.computed < scheduler.requests[req_id].num_tokens:
+                return 0
+            if window.resuming:  # its window is kept: it returned only tokens whose KV was written
+                window.resuming = False
+                assert window.computed == window.start, (req_id, window)
+            else:
+                window.plan([True], self.window_size)  # slot 0: the prompt's last row's draw
+            return 0
+        assert rows in (q, MAX_MODEL_LEN - window.start) and rows >= len(window.filled), (req_id, rows, window)
+        self.lossless_steps += 1
+        return window.forward(self.rng, self.window_size)
+
+
 def make_scheduler(path, window_size: int, padding, num_blocks: int):
     """The engine's scheduler, with async scheduling on (vLLM's CPU platform turns it off)."""
     from vllm.engine.arg_utils import EngineArgs
@@ -197,9 +246,10 @@ def make_scheduler(path, window_size: int, padding, num_blocks: int):
 
 
 def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: int, batch: int,
-          one_call_at_a_time: bool, ar_share: float = 0.0) -> int:
+          one_call_at_a_time: bool, ar_share: float = 0.0, lossless_share: float = 0.0) -> int:
     """Send ``calls`` batches of requests (the same prompts each call, so later calls hit the
-    prefix cache) arriving a few at a time, about ``ar_share`` of them decoded AR, and run the
+    prefix cache) arriving a few at a time, about ``ar_share`` of them decoded AR and
+    ``lossless_share`` lossless, and run the
     engine's batch-queue loop until all finish; the steps scheduled. Each finished request must
     have returned its max_tokens, or up to max_model_len."""
     from vllm import SamplingParams
@@ -212,7 +262,9 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
         max_tokens = rng.choice([8, 17, 64, 100, 192, 240, 300])
         requests = []
         for i, prompt in enumerate(prompts):
-            extra_args = {"wedlm_decoding": "ar"} if rng.random() < ar_share else None
+            draw = rng.random()
+            extra_args = ({"wedlm_decoding": "ar"} if draw < ar_share else
+                          {"wedlm_lossless": True} if draw < ar_share + lossless_share else None)
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
             requests.append(Request(f"{call}-{i}", prompt, params, None, arrival_time=0.0, block_hasher=hasher))
             expected[requests[-1].request_id] = min(max_tokens, MAX_MODEL_LEN - len(prompt))
@@ -230,7 +282,8 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
             out = scheduler.schedule()
             assert len(scheduler.running) <= scheduler.max_num_running_reqs
             previous = {req_id for _, step in in_flight for req_id in step.num_scheduled_tokens}
-            in_flight.appendleft((runner.execute(out, scheduler, previous), out))
+            windows = {req_id for _, step in in_flight for req_id in step.scheduled_spec_decode_tokens}
+            in_flight.appendleft((runner.execute(out, scheduler, previous, windows), out))
             steps += 1
             if len(in_flight) < 2 and scheduler.has_requests():
                 continue  # vLLM schedules another step before it waits for this one
@@ -246,11 +299,13 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
 
 
 @pytest.mark.parametrize("window_size,padding,one_call_at_a_time,num_blocks,exact,preempted", [
-    # A tiny model's gate pads every step (2W rows, pipelined) ...
+    # A tiny model's forward hides no host work ("auto"): its window steps wait for the one before,
+    # each window with its exact rows (2W for a whole run), none pipelined, none void ...
     (16, "auto", True, 4000, False, False),
     (16, "auto", False, 300, False, True),  # calls overlap: more requests than max_num_seqs; preemption
-    # ... with no padding budget, a step of 64 windows whose runs are short forwards exact rows
-    # after the one before it (windows held), and pipelines when every run is whole.
+    # ... with an explicit budget every window step is pipelined: a huge one pads every window to
+    # 2W, none pads only steps whose runs are whole and predicts the others' runs (some void).
+    (16, 1 << 20, True, 4000, False, False),
     (16, 0, True, 4000, True, False),
     (16, 0, False, 600, True, True),
     (4, 0, True, 4000, True, False),
@@ -259,12 +314,15 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
                                     preempted):
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen3"))
     scheduler, hasher = make_scheduler(path, window_size, padding, num_blocks)
-    for seed in range(3):
+    for seed in range(4):
         rng = random.Random(seed)
         runner = RunnerCounts(window_size, rng)
-        ar_share = 0.25 if seed else 0.0  # windows alone, then with requests decoded AR among them
+        # Windows alone, then with requests decoded AR among them, then lossless ones too.
+        ar_share = 0.25 if seed else 0.0
+        lossless_share = 0.25 if seed == 3 else 0.0
         drive(scheduler, hasher, runner, rng, calls=3, batch=64, one_call_at_a_time=one_call_at_a_time,
-              ar_share=ar_share)
+              ar_share=ar_share, lossless_share=lossless_share)
+        assert bool(runner.lossless_steps) == bool(lossless_share), runner.lossless_steps
         assert not scheduler.has_requests()
         # AR requests are pipelined as on an AR engine: scheduled again while their step is in flight.
         assert bool(runner.ar_pipelined) == bool(ar_share), runner.ar_pipelined
@@ -274,3 +332,4 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
         assert runner.layouts["exact"] or not exact, runner.layouts
         assert bool(runner.voids) == exact, runner.voids
         assert bool(runner.resumed) == preempted, runner.resumed
+        assert bool(runner.windows_pipelined) == (padding != "auto"), runner.windows_pipelined

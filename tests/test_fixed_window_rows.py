@@ -4,8 +4,8 @@ the step before. Pipelined steps forward 2W rows per window; where the scheduler
 (``async_padding_tokens``) finds that padding too costly, a step forwards each window's exact rows
 after the step before it. Greedy output must be the reference decoder's, token for token, either
 way. A request decoded AR on this engine (``wedlm_decoding: ar``) must be token-exact with an AR
-engine's, mixed with windows or not; lossless requests are turned away with a clear error, the
-engine unharmed.
+engine's, mixed with windows or not; lossless and adaptive windows run on fixed rows too
+(``test_lossless.py``, ``test_adaptive_window.py``).
 On the CPU the engine schedules synchronously (vLLM's CPU platform has no async scheduling); on a
 GPU the same tests run it with async scheduling.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import build_checkpoint
 from engines import running_llm
-from vllm_wedlm.adapter.async_gate import PaddingGate, padding_gate
+from vllm_wedlm.adapter.async_gate import PaddingGate, hides_host_work, padding_gate
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core import WeDLMParams
@@ -56,11 +56,6 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
         outputs = llm.generate([p for *_, p in combos], params, use_tqdm=False)
         forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
         layouts = llm.collective_rpc("wedlm_row_layouts")[0]
-        # The per-request mode it cannot run: a clear error for that request, nothing else disturbed.
-        with pytest.raises(ValueError, match="--no-async-scheduling"):
-            llm.generate(["Gus"], SamplingParams(max_tokens=4, extra_args={"wedlm_lossless": True}), use_tqdm=False)
-        again = llm.generate(PROMPTS[:1], params[:1], use_tqdm=False)
-    assert list(again[0].outputs[0].token_ids) == list(outputs[0].outputs[0].token_ids)
 
     reference = ReferenceDecoder(load_transformers_model(path), WeDLMConfig.from_pretrained(path).mask_token_id, window)
     expected_forwards = 0
@@ -124,9 +119,10 @@ def test_fixed_rows_serve_ar_requests_as_an_ar_engine(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [{"lossless": True}, {"window_size": "auto"}, {"window_tokens": 64}])
-def test_fixed_rows_refuse_what_they_cannot_run(extra):
-    with pytest.raises(ValueError, match="async-scheduling"):
-        WeDLMSettings.from_additional_config({"decoding": "wedlm", "fixed_window_rows": True, **extra})
+def test_fixed_rows_take_every_mode(extra):
+    """Lossless and adaptive windows run on fixed rows (``test_lossless.py``, ``test_adaptive_window.py``)."""
+    settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", "fixed_window_rows": True, **extra})
+    assert settings.fixed_window_rows and (settings.params.lossless or settings.window_tokens)
 
 
 def test_fixed_rows_setting_is_a_boolean():
@@ -146,11 +142,23 @@ def test_the_padding_gate_follows_the_step_cost_measured():
     # knee) but not at 16 (512 against 272 rows); whole runs pipeline at any batch (no padding).
     assert gate.pipelines(32, 17) and not gate.pipelines(16 * 32, 16 * 17) and not gate.pipelines(64 * 32, 64 * 17)
     assert gate.pipelines(8 * 32, 8 * 17) and gate.pipelines(64 * 32, 64 * 32)
-    # A small model's step is the host's: padding 64 windows of one-token runs still pays.
+    assert gate.overlap and hides_host_work(QWEN3_8B)
+    # A small model's forward is shorter than the host work pipelining hides: its window steps
+    # wait for the one before (exact rows), whatever the padding would cost; an explicit budget
+    # pipelines them still.
     small = SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768,
                             num_hidden_layers=6)
-    assert padding_gate(True, small, None).pipelines(64 * 32, 64 * 17)
+    assert not hides_host_work(small)
+    assert padding_gate(True, small, None) == PaddingGate(budget=0, knee=256, overlap=False)
+    assert not padding_gate(True, small, None).pipelines(64 * 32, 64 * 32)
+    assert padding_gate(True, small, 1 << 20).pipelines(64 * 32, 64 * 17)
     assert padding_gate(True, QWEN3_8B, 7) == PaddingGate(budget=7, knee=256)
+    # The rule's boundary, about 3.4B parameters: a 1.5B and a 7B Qwen2.5 shape on either side.
+    qwen_1_5b = SimpleNamespace(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
+                                intermediate_size=8960, num_hidden_layers=28)
+    qwen_7b = SimpleNamespace(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4,
+                              intermediate_size=18944, num_hidden_layers=28)
+    assert not hides_host_work(qwen_1_5b) and hides_host_work(qwen_7b)
     # Without async scheduling nothing overlaps: every padding row costs.
-    assert padding_gate(False, QWEN3_8B, None) == PaddingGate(budget=0, knee=0)
+    assert padding_gate(False, QWEN3_8B, None) == PaddingGate(budget=0, knee=0, overlap=False)
     assert not padding_gate(False, small, None).pipelines(32, 17)

@@ -37,9 +37,12 @@ PROMPTS = [
     "Gus",
     "Count from 4 to 19 in steps of 3.",
 ]
-# (checkpoint, server-wide window): both published bodies with sharpened random weights (fills
-# that often pass and often fail the check), and the trained micro model (fills mostly right).
-CASES = [("qwen3-sharp", 4), ("qwen2-sharp", 16), ("micro", 8)]
+# (checkpoint, server-wide window, fixed window rows): both published bodies with sharpened random
+# weights (fills that often pass and often fail the check), and the trained micro model (fills
+# mostly right); exact rows (synchronous scheduling) and the fixed rows of async scheduling (a
+# GPU's default), run synchronously here.
+CASES = [("qwen3-sharp", 4, False), ("qwen2-sharp", 16, False), ("micro", 8, False), ("qwen3-sharp", 4, True),
+         ("micro", 8, True)]
 
 
 def greedy(max_tokens=MAX_TOKENS, ignore_eos=True, **extra):
@@ -64,16 +67,17 @@ def checkpoints(tmp_path_factory):
             "micro": MICRO_CHECKPOINT}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{name}-W{w}" for name, w in CASES])
+@pytest.fixture(scope="module", params=CASES,
+                ids=[f"{name}-W{w}{'-fixed-rows' if fixed else ''}" for name, w, fixed in CASES])
 def runs(request, checkpoints):
     """Every generation the tests compare: one AR engine and one WeDLM engine per case."""
-    name, window = request.param
+    name, window, fixed_rows = request.param
     path = checkpoints[name]
     runs = {"name": name, "path": path, "window": window}
     with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
         runs["ar"] = token_ids(ar.generate(PROMPTS, greedy(), use_tqdm=False))
         runs["ar_eos"] = ar.generate(PROMPTS, greedy(ignore_eos=False), use_tqdm=False)
-    config = {"decoding": "wedlm", "window_size": window}
+    config = {"decoding": "wedlm", "window_size": window, "fixed_window_rows": fixed_rows}
     with running_llm(path, dtype="float32", additional_config=config, enable_prefix_caching=True,
                      block_size=16) as llm:
         for tau in TAUS:
@@ -153,7 +157,8 @@ def test_prefix_caching_reuses_lossless_kv(runs):
     assert list(extended.outputs[0].token_ids) == runs["ar_extended"]
 
 
-def test_stop_strings_and_preemption_keep_lossless_equal_to_ar(checkpoints):
+@pytest.mark.parametrize("fixed_rows", [False, True], ids=["exact-rows", "fixed-rows"])
+def test_stop_strings_and_preemption_keep_lossless_equal_to_ar(checkpoints, fixed_rows):
     """A server-wide lossless engine (additional_config lossless) whose KV cache holds three
     requests, with a token budget that chunks the long prompt: vLLM preempts and re-prefills, and
     every answer is still the AR engine's, stop strings included. A request may opt out."""
@@ -169,7 +174,7 @@ def test_stop_strings_and_preemption_keep_lossless_equal_to_ar(checkpoints):
         stop = next(o.outputs[0].text[20:23] for o in expected if o.outputs[0].text[20:23].strip())
         stopped = ar.generate(prompts, SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True, stop=[stop]),
                               use_tqdm=False)
-    engine = {"decoding": "wedlm", "window_size": 8, "lossless": True}
+    engine = {"decoding": "wedlm", "window_size": 8, "lossless": True, "fixed_window_rows": fixed_rows}
     with running_llm(path, dtype="float32", additional_config=engine, max_model_len=max_model_len,
                      kv_cache_memory_bytes=3 * max_model_len * bytes_per_token, block_size=16,
                      max_num_batched_tokens=128, enable_chunked_prefill=True, disable_log_stats=False) as small:

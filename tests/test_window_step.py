@@ -207,7 +207,7 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
             slots_t, rows = plan_rows(np.array(slots), np.full(len(slots), 2 * window_size), torch.device("cpu"))
             run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
             return (table.windows, table.order, slots_t, logits, tokens, run, starts, rows, table.entropy_threshold,
-                    table.pos_penalty, window_size, 64, M)
+                    table.pos_penalty, window_size, 64, M, window_size, None)  # R = W logits rows, no lossless
         next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
         return (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, starts,
                 next_window_size, 64, M)

@@ -14,6 +14,7 @@ there).
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import TYPE_CHECKING, Any
 
 from vllm_wedlm.config import (
@@ -84,8 +85,9 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        "committing it, so the output is exactly --decoding ar's (greedy: token for token; "
                        "sampled: in distribution) at several tokens per forward. Per request: 'wedlm_lossless'.")
     group.add_argument("--wedlm-async-padding-tokens", type=_int_or_auto, default=argparse.SUPPRESS,
-                       help="WeDLM mode with --async-scheduling: pipeline a step (schedule it before the one "
-                       "before it is back, each window padded to 2W rows) only while the padding costs at most "
+                       help="WeDLM mode under async scheduling (a GPU's default): pipeline a step (schedule it "
+                       "before the one before it is back, each window padded to 2W rows) only while the padding "
+                       "costs at most "
                        f"about this many tokens of forward; otherwise forward exact rows, one step at a time "
                        f"(default '{AUTO_WINDOW}': estimated from the model's size).")
 
@@ -124,15 +126,18 @@ def install_cli_flags() -> None:
     original_from = EngineArgs.from_cli_args.__func__
     original_create = EngineArgs.create_engine_config
 
+    @functools.wraps(original_add)
     def add_cli_args(parser: FlexibleArgumentParser) -> FlexibleArgumentParser:
         parser = original_add(parser)
         add_wedlm_args(parser)
         return parser
 
+    @functools.wraps(original_from)
     def from_cli_args(cls: type[EngineArgs], args: argparse.Namespace) -> EngineArgs:
         fold_into_additional_config(args)
         return original_from(cls, args)
 
+    @functools.wraps(original_create)
     def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> VllmConfig:
         vllm_config = original_create(self, *args, **kwargs)
         check_engine_config(vllm_config)

@@ -40,7 +40,7 @@ POS_PENALTY_KEY = "pos_penalty"
 LOSSLESS_KEY = "lossless"
 #: true: every window forwards a fixed 2W rows laid out on the device from the last step's result,
 #: so a step is scheduled without waiting for the one before (what async scheduling needs; the
-#: config hook turns it on with ``--async-scheduling`` on a GPU). Plain windows and per-request AR only.
+#: config hook turns it on with async scheduling on a GPU). Every mode runs on it.
 FIXED_ROWS_KEY = "fixed_window_rows"
 #: With fixed window rows: a step is scheduled before the one before it is back (pipelined) only
 #: while padding its windows to 2W rows costs at most about this many tokens of forward; otherwise
@@ -170,10 +170,6 @@ class WeDLMSettings:
         fixed_window_rows = additional_config.get(FIXED_ROWS_KEY, False)
         if not isinstance(fixed_window_rows, bool):
             raise ValueError(f"{FIXED_ROWS_KEY} must be true or false, got {fixed_window_rows!r}")
-        if fixed_window_rows and (window_tokens is not None or params.lossless):
-            raise ValueError("fixed window rows (async scheduling) need a fixed window size and plain (not "
-                             "lossless) windows: drop --wedlm-window-tokens / --wedlm-lossless, or run without "
-                             "--async-scheduling")
         padding = additional_config.get(ASYNC_PADDING_KEY, AUTO_WINDOW)
         if padding == AUTO_WINDOW:
             padding = None

@@ -7,9 +7,9 @@ plugin's scheduler and worker through vLLM's own config fields.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
+from vllm import envs
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
@@ -59,9 +59,8 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         _refuse(f"platform {current_platform.device_name!r} is not supported (CUDA and CPU are)")
 
     # The plugin drives vLLM's V1 model runner, on CPU and GPU; never fall back silently.
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", "false", "False"):
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
         _refuse("it runs on vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # inherited by the engine processes
 
     parallel = vllm_config.parallel_config
     if parallel.worker_cls not in ("auto", WORKER_CLS[platform]):
@@ -74,13 +73,22 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     model_config = vllm_config.model_config
     if QUALNAME not in (model_config.logits_processors or []):
         model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
+    # vLLM 0.26.0 runs an engine with a custom logits processor on its V1 runner (the V2 runner does
+    # not support them), the validator's only other effect: no process-wide setting is needed, and
+    # other engines of the same process keep vLLM's own choice.
+    if vllm_config.use_v2_model_runner:
+        _refuse("vLLM chose its V2 model runner; the plugin drives the V1 runner")
 
     scheduler = vllm_config.scheduler_config
-    # Async scheduling (asked for explicitly: vLLM's --async-scheduling) schedules a step before
-    # the previous one's result is back, so windows must not need it on the host: they forward a
-    # fixed 2W rows, laid out on the device (FIXED_ROWS_KEY). Otherwise steps are synchronous and
-    # each window forwards exactly its own rows. vLLM's CPU platform never schedules async.
-    if scheduler.async_scheduling and platform == "cuda" and not settings.fixed_window_rows:
+    # Async scheduling schedules a step before the previous one's result is back, so windows must
+    # not need it on the host: they are laid out from the runner's device table (fixed window
+    # rows, FIXED_ROWS_KEY). On CUDA that is the default, as async scheduling is vLLM's default
+    # for AR: unless the user turned it off (--no-async-scheduling: False here; no flag is None,
+    # which vLLM resolves after this hook, to on unless its executor cannot), the engine gets
+    # fixed window rows, which also run right if vLLM then schedules synchronously. Otherwise each
+    # window forwards exactly its own rows, known on the host. vLLM's CPU platform never schedules
+    # async; fixed window rows can be asked for there (additional_config) to test them.
+    if platform == "cuda" and scheduler.async_scheduling is not False and not settings.fixed_window_rows:
         settings = settings.with_fixed_window_rows(vllm_config.additional_config)
     elif platform != "cuda" or not settings.fixed_window_rows:
         scheduler.async_scheduling = False
@@ -94,9 +102,6 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     if settings.fixed_window_rows:
         # Cascade attention plans from the host's token counts, which only bound a window's start.
         vllm_config.model_config.disable_cascade_attn = True
-    from vllm_wedlm.adapter import request_validator
-
-    request_validator.FIXED_WINDOW_ROWS = settings.fixed_window_rows
     # Every running request's window must fit one step's token budget.
     window_tokens = max_window_tokens(settings.window_size)
     max_seqs = scheduler.max_num_batched_tokens // window_tokens
@@ -113,8 +118,8 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     logger.info("WeDLM decoding: window %d%s, entropy threshold %s, position penalty %s, lossless %s, %s",
                 settings.window_size, adaptive, settings.params.entropy_threshold, settings.params.pos_penalty,
                 settings.params.lossless,
-                "async scheduling" if scheduler.async_scheduling else
-                "fixed window rows" if settings.fixed_window_rows else "synchronous scheduling")
+                "fixed window rows (pipelined under async scheduling)" if settings.fixed_window_rows else
+                "exact window rows (synchronous scheduling)")
 
 
 def graph_sizes(max_tokens: int) -> list[int]:

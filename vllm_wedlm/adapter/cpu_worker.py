@@ -10,6 +10,11 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin, WeDLMWorkerMixin
+from vllm_wedlm.adapter.vllm_contract import check_vllm_contract
+
+# Where vLLM loads the adapter's runner (each worker, as the engine starts): a vLLM whose
+# internals differ from the pinned one's fails here, naming each difference, not mid-request.
+check_vllm_contract()
 
 
 class WeDLMCPUModelRunner(WeDLMRunnerMixin, CPUModelRunner):

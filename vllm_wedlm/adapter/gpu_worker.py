@@ -12,6 +12,11 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin, WeDLMWorkerMixin
+from vllm_wedlm.adapter.vllm_contract import check_vllm_contract
+
+# Where vLLM loads the adapter's runner (each worker, as the engine starts): a vLLM whose
+# internals differ from the pinned one's fails here, naming each difference, not mid-request.
+check_vllm_contract()
 
 
 class WeDLMGPUModelRunner(WeDLMRunnerMixin, GPUModelRunner):

@@ -26,6 +26,7 @@ engine config, or stat loggers named in vLLM's ``ObservabilityConfig``.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from vllm.v1.metrics.loggers import PrometheusStatLogger
@@ -75,6 +76,7 @@ def use_for_wedlm_engines() -> None:
     if getattr(load_plugins, _MARK, False):
         return
 
+    @functools.wraps(load_plugins)
     def load_stat_logger_plugin_factories() -> list[StatLoggerFactory]:
         return [*load_plugins(), WeDLMPrometheusStatLogger]
 

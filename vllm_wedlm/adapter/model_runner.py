@@ -24,6 +24,7 @@ overrides, in the order vLLM calls them:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -315,20 +316,20 @@ class WeDLMRunnerMixin:
     def _prepare_fixed_rows(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
         """``_prepare_inputs`` with fixed window rows (``config.FIXED_ROWS_KEY``): each window's rows, up
         to Q = 2W, are laid out from the device table (the host may not know the window yet, when the
-        step before is still running), and its logits rows are the W after its leading run, which
-        hold every mask row unless the window is void (given fewer rows than it has, for a run
-        longer than the scheduler predicted: ``fixed_rows_window_step``). Then the last row of each
-        AR-decoded request that draws (``_ar_input_ids``). Plain windows and AR requests only (the
-        validator turns lossless ones away)."""
+        step before is still running). Its logits rows are R per window (``_logits_rows_per_window``):
+        a plain window's R after its leading run, which hold every mask row unless the window is void
+        (given fewer rows than it has, for a run longer than the scheduler predicted:
+        ``fixed_rows_window_step``); a lossless window's first R, its whole window (the scheduler gives
+        it Q rows). Then the last row of each request that draws a next token: an AR-decoded one
+        (``_ar_input_ids``), and a lossless one whose prompt ended (its window's slot 0)."""
         super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         num_reqs = self.input_batch.num_reqs
         req_ids = self.input_batch.req_ids[:num_reqs]
         states = [self._request_state(req_id) for req_id in req_ids]
-        if any(s.params.lossless and not s.autoregressive for s in states):
-            raise RuntimeError("fixed window rows take no lossless windows (the request validator's check)")
         drafts = scheduler_output.scheduled_spec_decode_tokens
         slots = np.fromiter((s.slot for s in states), np.int64, num_reqs)  # [B]
         autoregressive = np.fromiter((s.autoregressive for s in states), bool, num_reqs)  # [B]
+        lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
         window = np.fromiter((req_id in drafts for req_id in req_ids), bool, num_reqs)  # [B]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
         n = num_scheduled_tokens[:num_reqs].astype(np.int64)  # [B] rows forwarded
@@ -344,11 +345,13 @@ class WeDLMRunnerMixin:
                                "got draft tokens")
         completes_prefill = ~window & (computed + n >= self.input_batch.num_tokens_no_spec[:num_reqs])
         ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
-        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill,
-                                    np.zeros(num_reqs, bool), ar_next, np.zeros(num_reqs, bool),
-                                    computed + n, np.where(window, self.wedlm.window_size, ar_next.astype(np.int64)),
+        first_token = completes_prefill & lossless & ~has_window  # [B] draws its window's slot 0 from its last row
+        rows_per_window = self._logits_rows_per_window(window & lossless)
+        self._wedlm_step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
+                                    ar_next, first_token, computed + n,
+                                    np.where(window, rows_per_window, (ar_next | first_token).astype(np.int64)),
                                     np.zeros(num_reqs, np.int64))
-        ar_rows = self._ar_input_ids(req_ids, slots, autoregressive, ar_next, starts, n)  # [Ba] device
+        ar_rows = self._ar_input_ids(req_ids, slots, autoregressive, ar_next | first_token, starts, n)  # [Bd] device
         b = np.flatnonzero(window)  # [Bw] batch rows of windows
         if not len(b):
             return ar_rows, None
@@ -366,12 +369,13 @@ class WeDLMRunnerMixin:
             self.wedlm_row_layouts["padded" if padded else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
-        # One copy: each window's slot, batch row, first row, rows; each window row's index and window.
-        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b]])
+        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless;
+        # each window row's index and window.
+        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b]])
         index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + _ragged_arange(rows),
                                                  row_of])).to(self.device, non_blocking=True)
-        w_slots, w_batch, w_first, w_rows, w_prompt = index[: 5 * len(b)].view(5, len(b))
-        flat_rows, flat_window = index[5 * len(b):].view(2, -1)
+        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless = index[: 6 * len(b)].view(6, len(b))
+        flat_rows, flat_window = index[6 * len(b):].view(2, -1)
         flat_i = flat_rows - w_first[flat_window]  # [Tw] physical row inside its window
         start = table.committed_len[w_slots]  # [Bw] tokens before each window (its KV frontier)
         # Physical positions (KV slots) from the window's real start, then RoPE's logical ones.
@@ -385,34 +389,48 @@ class WeDLMRunnerMixin:
         order = table.order[w_slots[flat_window], flat_i]  # [Tw] the slot fed at each window row
         self.positions[flat_rows] = start[flat_window] + order
         self.input_ids.gpu[flat_rows] = table.windows.tokens[w_slots[flat_window], order].to(self.input_ids.gpu.dtype)
-        # Logits: the W rows after each leading run (its masks are among them), in window order.
+        # Logits: R rows of each window, in physical order: a plain window's after its leading run
+        # (its masks are among them), a lossless window's from its first (its leading run checks).
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
-        k = torch.arange(self.wedlm.window_size, device=self.device)[None]  # [1, W]
-        logits_rows = w_first[:, None] + torch.minimum(run[:, None] + k, w_rows[:, None] - 1)  # [Bw, W]
-        self._wedlm_fixed = (w_slots, run, start, w_rows, padded)
+        w_lossless = w_lossless.bool() if (window & lossless).any() else None  # [Bw]
+        from_row = run if w_lossless is None else torch.where(w_lossless, 0, run)  # [Bw]
+        k = torch.arange(rows_per_window, device=self.device)[None]  # [1, R]
+        logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
+        self._wedlm_fixed = (w_slots, run, start, w_rows, padded, w_lossless)
         return torch.cat([logits_rows.flatten(), ar_rows]), None
 
-    def _ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, ar_next: np.ndarray,
+    def _logits_rows_per_window(self, lossless_windows: np.ndarray) -> int:
+        """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window
+        has (the server's W; an adaptive window's is at most that), or, in a step with a lossless
+        window ([B] bool), the most rows a window has (2W), which its verification reads."""
+        window_size = self.wedlm.window_size
+        return max_window_tokens(window_size) if lossless_windows.any() else window_size
+
+    def _ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, draws: np.ndarray,
                       starts: np.ndarray, n: np.ndarray) -> torch.Tensor:
-        """Fixed window rows: the input ids of AR-decoded requests ([B] bool ``autoregressive``) and
-        their logits rows; [Ba] device row indices, the last row of each that draws (``ar_next``).
+        """Fixed window rows: the logits rows of the requests that draw a next token this step (``draws``
+        [B] bool, an AR-decoded request's or a lossless request's first), the last row of each ([Bd]
+        device row indices), and the input ids of AR-decoded requests ([B] bool ``autoregressive``).
 
         Under async scheduling vLLM keeps a request's draw on the device and its host copy of the
         tokens holds -1 there; its own scatter of the last step's draws is off with fixed rows
         (``_prepare_input_ids``). An AR request's row that holds -1 is its last draw, kept on the
         device per slot (``_wedlm_ar_draws``, written by the step that drew it). vLLM sends the
         real tokens of a request that skipped a step, so -1 is only ever its last row."""
-        if not autoregressive.any():  # the usual step: no scan of its rows, no copy
+        if not draws.any():  # the usual step: no scan of its rows, no copy
             return torch.zeros(0, dtype=torch.long, device=self.device)
-        rows = starts[ar_next] + n[ar_next] - 1  # [Ba]
-        batch_row = np.repeat(np.arange(len(n)), n)  # [T] the request of each row
-        stale = np.flatnonzero(autoregressive[batch_row] & (self.input_ids.np[: len(batch_row)] < 0))  # [S]
-        unknown = stale[~np.isin(stale, rows)]
-        if len(unknown):
-            raise RuntimeError(f"AR request {req_ids[batch_row[unknown[0]]]}: an input token is known neither on "
-                               "the host nor on the device")
-        index = torch.from_numpy(np.concatenate([rows, stale, slots[batch_row[stale]]])).to(self.device,
-                                                                                           non_blocking=True)
+        rows = starts[draws] + n[draws] - 1  # [Bd]
+        stale = np.zeros(0, np.int64)
+        if autoregressive.any():
+            batch_row = np.repeat(np.arange(len(n)), n)  # [T] the request of each row
+            stale = np.flatnonzero(autoregressive[batch_row] & (self.input_ids.np[: len(batch_row)] < 0))  # [S]
+            unknown = stale[~np.isin(stale, rows)]
+            if len(unknown):
+                raise RuntimeError(f"AR request {req_ids[batch_row[unknown[0]]]}: an input token is known neither "
+                                   "on the host nor on the device")
+            stale_slots = slots[batch_row[stale]]
+        index = torch.from_numpy(np.concatenate([rows, stale, stale_slots if len(stale) else stale])).to(
+            self.device, non_blocking=True)
         if len(stale):
             self.input_ids.gpu[index[len(rows): len(rows) + len(stale)]] = (
                 self._wedlm_ar_draws[index[len(rows) + len(stale):]].to(self.input_ids.gpu.dtype))
@@ -427,12 +445,11 @@ class WeDLMRunnerMixin:
 
     def _sample_fixed_rows(self, logits: torch.Tensor | None) -> SamplerOutput:
         """``_sample`` with fixed window rows, with no device-to-host copy: finish the forwarded windows
-        from their W logits rows each, plan every next window (also the first one after a prompt, and
-        a preempted request's after its re-prefill) into the table, and return each next window's
-        leading run, padded with -1, as the step's sampled tokens (a device tensor); an AR-decoded
-        request's draw is its first column."""
+        from their R logits rows each, plan every next window (also the first one after a prompt, and
+        a preempted request's after its re-prefill) into the table, and return what each window
+        returns now (``fixed_rows_window_step``), padded with -1, as the step's sampled tokens (a
+        device tensor); an AR-decoded request's draw is its first column."""
         step, table, mask_id = self._wedlm_step, self.wedlm_table, self.wedlm_mask_id
-        window_size = self.wedlm.window_size
         num_reqs = len(step.req_ids)
         states = [self.wedlm_requests[req_id] for req_id in step.req_ids]
         has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
@@ -440,37 +457,55 @@ class WeDLMRunnerMixin:
         new = windowed & ~has_window  # [B] first window after the prompt
         resumed = windowed & has_window  # [B] re-prefilled after a preemption
         window_rows = np.flatnonzero(step.window)  # [Bw]
-        width = max(2, window_size)
-        sampled = None  # [B, width] int32: each next window's leading run, returned now, forwarded next step
-        num_window_logits = len(window_rows) * window_size  # the first logits rows; then the AR rows
+        # W of every window planned now (an adaptive window's follows the step's count of them).
+        window_size = self.wedlm.step_window_size(len(window_rows) + int(new.sum()))
+        rows_per_window = self._logits_rows_per_window(step.window & step.lossless)
+        width = max(2, rows_per_window)
+        sampled = None  # [Bw, width] int32: what each window returns now
+        num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
         if step.window.any():
-            w_slots, run, start, rows, padded = self._wedlm_fixed
+            w_slots, run, start, rows, padded, w_lossless = self._wedlm_fixed
             self.wedlm_request_forwards += len(window_rows)
             window_logits = logits[:num_window_logits]
-            sampling = self._sampling_batch(np.where(step.window, window_size, 0), np.zeros(num_reqs, np.int64))
-            tokens = None if sampling.temperature is None else sample(window_logits, sampling, mask_id)  # None: greedy
+            sampling = self._sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(num_reqs, np.int64))
+            tokens = None  # greedy: drawn inside the step
+            if sampling.temperature is not None:
+                if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
+                    k = torch.arange(rows_per_window, device=self.device)[None]
+                    ban = ~(w_lossless[:, None] & (k < run[:, None]))  # [Bw, R]
+                    sampling = dataclasses.replace(sampling, ban_mask_token=ban.flatten())
+                tokens = sample(window_logits, sampling, mask_id)
             self.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.wedlm_fixed_rows_step(
                 table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
-                table.pos_penalty, window_size, self.max_model_len, mask_id)
+                table.pos_penalty, window_size, self.max_model_len, mask_id, rows_per_window, w_lossless)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
             if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
                 self.wedlm_void_windows = self.wedlm_void_windows + void.sum()
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
             every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+            draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
             ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
             index = torch.from_numpy(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]])).to(
                 self.device, non_blocking=True)
             if sampled is not None:
                 every[index[: len(window_rows)]] = sampled
-            if len(ar_rows):
-                # Each AR request's next token, from its last row (no mask ban), as vLLM's sampler draws it.
-                ar_next = step.ar_next.astype(np.int64)
-                draws = sample(logits[num_window_logits:], self._sampling_batch(ar_next, ar_next), mask_id)  # [Ba]
-                every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = draws.to(torch.int32)
-                self._wedlm_ar_draws[index[len(window_rows) + len(ar_rows):]] = draws
+            first_tokens = None
+            if len(draw_rows):
+                # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
+                draws = (step.ar_next | step.first_token).astype(np.int64)
+                drawn = sample(logits[num_window_logits:], self._sampling_batch(draws, draws), mask_id)  # [Bd]
+                is_ar = step.ar_next[draw_rows]  # [Bd]
+                if is_ar.all():
+                    ar_drawn = drawn
+                else:
+                    ar_drawn = self._rows(drawn, is_ar)
+                    first_tokens = self._rows(drawn, ~is_ar)  # [new lossless], in batch order
+                if len(ar_rows):
+                    every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = ar_drawn.to(torch.int32)
+                    self._wedlm_ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
             sampled = every
-            self._start_after_prefill(step, new, resumed, sampled)
+            self._start_after_prefill(step, new, resumed, sampled, window_size, first_tokens)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
@@ -479,21 +514,34 @@ class WeDLMRunnerMixin:
                 self.wedlm_window_trace.setdefault(step.req_ids[row], []).append(window_size)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
-    def _start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor) -> None:
+    def _start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
+                             window_size: int, first_tokens: torch.Tensor | None) -> None:
         """Fixed window rows: plan the windows of the ``new`` ([B] bool) requests, whose prompt ended
-        this step, and of the ``resumed`` ones, re-prefilled after a preemption, into the table, and
-        write each one's leading run into its row of ``sampled`` ([B, width])."""
-        table, mask_id, window_size = self.wedlm_table, self.wedlm_mask_id, self.wedlm.window_size
+        this step, and of the ``resumed`` plain ones, re-prefilled after a preemption, into the table,
+        and write each plain one's leading run into its row of ``sampled`` ([B, width]).
+
+        A new lossless window starts with its slot 0 filled by ``first_tokens`` ([new lossless], batch
+        order), the draw of its prompt's last row, and returns nothing before that slot's KV is
+        written. A resumed lossless window is kept as it was: it had returned only tokens whose KV
+        was written, which the re-prefill wrote again, so it starts where it did."""
+        table, mask_id = self.wedlm_table, self.wedlm_mask_id
+        resumed = resumed & ~step.lossless
         num_new, num_resumed = int(new.sum()), int(resumed.sum())
         if not num_new + num_resumed:
             return
+        new_lossless = step.lossless[new]  # [num_new]
         host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new],
-                                                np.flatnonzero(new), np.flatnonzero(resumed)]))
-        new_slots, resumed_slots, new_starts, rows = host.to(self.device, non_blocking=True).split(
-            [num_new, num_resumed, num_new, num_new + num_resumed])
+                                                np.flatnonzero(new), np.flatnonzero(resumed),
+                                                np.flatnonzero(new_lossless)]))
+        new_slots, resumed_slots, new_starts, rows, lossless_index = host.to(self.device, non_blocking=True).split(
+            [num_new, num_resumed, num_new, num_new + num_resumed, int(new_lossless.sum())])
         parts, starts, sizes = [], [], []
         if num_new:
-            parts.append(WindowBatch.empty(num_new, table.capacity, mask_id, self.device))
+            fresh = WindowBatch.empty(num_new, table.capacity, mask_id, self.device)
+            if new_lossless.any():
+                fresh.tokens[lossless_index, 0] = first_tokens
+                fresh.filled[lossless_index, 0] = True
+            parts.append(fresh)
             starts.append(new_starts)  # after the prompt
             sizes.append(torch.full_like(new_slots, window_size))
         if num_resumed:
@@ -506,7 +554,11 @@ class WeDLMRunnerMixin:
         committed_len = torch.cat(starts)
         plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
         table.keep(torch.cat([new_slots, resumed_slots]), plan.windows, plan.order, committed_len)
-        sampled[rows] = leading_runs(plan, sampled.shape[1])
+        returned = leading_runs(plan, sampled.shape[1])  # [P, width]
+        if new_lossless.any():  # a lossless window's slot 0 goes back once verified (its KV written)
+            silent = torch.from_numpy(np.concatenate([new_lossless, np.zeros(num_resumed, bool)]))
+            returned = torch.where(silent.to(self.device, non_blocking=True)[:, None], -1, returned)
+        sampled[rows] = returned
 
     def _start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
                        committed_len: np.ndarray) -> None:

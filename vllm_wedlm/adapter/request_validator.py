@@ -14,19 +14,13 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import REQUEST_LOSSLESS, WeDLMSettings, request_decoding
+from vllm_wedlm.config import WeDLMSettings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
-
-#: Set by the config hook, in the process that builds the engine's config (the front end's): the
-#: engine runs fixed window rows (async scheduling), which take no lossless windows.
-#: ``validate_params`` is a class method and sees no config.
-FIXED_WINDOW_ROWS = False
-
 
 def unsupported_features(params: SamplingParams) -> list[str]:
     """Names of the requested features the WeDLM sampler does not implement."""
@@ -60,13 +54,9 @@ class WeDLMRequestValidator(LogitsProcessor):
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
-            params = WeDLMSettings().request_params(sampling_params.extra_args)
-            decoding = request_decoding(sampling_params.extra_args)
+            WeDLMSettings().request_params(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
-        if FIXED_WINDOW_ROWS and params.lossless and decoding == "wedlm":
-            raise ValueError(f"{REQUEST_LOSSLESS} is not supported while the engine schedules asynchronously "
-                             "(fixed window rows); start it with --no-async-scheduling")
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         pass

@@ -193,7 +193,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
       itself, where the next window starts, and ``N - C`` its run;
     * a window in flight is left out of a schedule when vLLM would cut its next rows at
       ``max_model_len`` (C only bounds the start from above while a step is in flight): it then
-      starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
+      starts at C exactly, and the runner's plan keeps it within ``max_model_len``; and always
+      where the gate does not overlap window steps (a host-bound model, ``async_gate.py``), so its
+      window steps run one after the other with exact rows.
+
+    A lossless window (``wedlm_lossless``) returns its verified run, whose KV its step wrote: vLLM's
+    own accounting of accepted drafts is then right, and ``C`` is the window's start with no step in
+    flight (``N - C`` is 0). Its leading run is unverified fills the host never sees, so it always
+    forwards 2W rows.
 
     A request decoded AR on this engine (``wedlm_decoding: ar``) is counted as vLLM's async
     scheduler counts an AR request: one output placeholder per step that draws (vLLM's
@@ -207,12 +214,19 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._window_rows = max_window_tokens(self.wedlm.window_size)  # Q
         self._gate = padding_gate(self.scheduler_config.async_scheduling, self.vllm_config.model_config.hf_text_config,
                                   self.wedlm.async_padding_tokens)
-        logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of forward "
-                    "beyond %d", self._gate.budget, self._gate.knee)
+        if self._gate.overlap:
+            logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of "
+                        "forward beyond %d", self._gate.budget, self._gate.knee)
+        elif self.scheduler_config.async_scheduling:
+            logger.info("WeDLM: window steps wait for the one before (the model's forward is shorter than the "
+                        "host work pipelining would hide); AR-decoded requests are pipelined")
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
         # Requests decoded AR on this engine: one token per step, no window.
         self._autoregressive: set[str] = set()
+        # Lossless WeDLM requests: every window step forwards Q rows (its leading run, unverified
+        # and known on the device only, then W slots) and returns its verified run, KV written.
+        self._lossless: set[str] = set()
         # req_id -> the leading run its last finished step returned (what its next window adds to W).
         self._runs: dict[str, int] = {}
         # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
@@ -229,11 +243,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
         if request_decoding(extra_args) == "ar":
             self._autoregressive.add(request.request_id)
+        elif self.wedlm.request_params(extra_args).lossless:
+            self._lossless.add(request.request_id)
         super().add_request(request)
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
         self._autoregressive.discard(request.request_id)
+        self._lossless.discard(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     def _forget(self, req_id: str) -> None:
@@ -243,7 +260,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     def schedule(self, *args, **kwargs):
         windows = [request for request in self.running if request.request_id in self._windowed]
         window_size = self.wedlm.window_size
-        exact = sum(window_size + self._runs.get(request.request_id, 0) for request in windows)
+        exact = sum(self._window_rows if request.request_id in self._lossless
+                    else window_size + self._runs.get(request.request_id, 0) for request in windows)
         padded = self._gate.pipelines(len(windows) * self._window_rows, exact)
         held, kept = [], []
         for request in self.running:
@@ -277,11 +295,17 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         2W rows where the gate pads (a synchronous engine's steps, or windows that were held).
         With one in flight its run is unknown: 2W rows where the gate pads, else W and the run its
         last finished step returned, a prediction the runner checks (a longer run makes the window
-        void for the step, ``window_step.fixed_rows_window_step``). Held where the rows could pass
+        void for the step, ``window_step.fixed_rows_window_step``). A lossless window always gets 2W
+        rows: its leading run is unverified fills the host never sees. An adaptive window's W is at
+        most the server's, so its rows here bound it. Held where the rows could pass
         ``max_model_len`` (C bounds the window's start from above while a step is in flight)."""
         window_size, computed = self.wedlm.window_size, request.num_computed_tokens
+        if request.request_id in self._lossless:
+            padded = True  # its leading run is known on the device only
         if not request.num_output_placeholders:
             return self._window_rows if padded else window_size + request.num_tokens - computed
+        if not self._gate.overlap:
+            return None  # its step before comes back first (a host-bound model: async_gate.py)
         rows = self._window_rows if padded else window_size + self._runs.get(request.request_id, window_size)
         return None if computed + rows > self.max_model_len else rows
 
@@ -324,6 +348,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # pipelined, before this output), it was counted computed when it was scheduled: its
             # rows forward the run, void or not. Otherwise it is still to be scheduled.
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
+            if req_id in self._lossless:
+                continue  # its verified run: KV written by this step, as vLLM counts accepted drafts
             if not any(req_id in later for _, later in self._in_flight.values()):
                 request.num_computed_tokens -= run
             if req_id in self._windowed:

@@ -36,12 +36,14 @@ from vllm_wedlm.adapter.window_table import WindowTable, window_packet
 from vllm_wedlm.core.batch import (
     BatchPlan,
     WindowBatch,
+    dense_drafts,
     drop_leading,
     fill_masks,
     finish_windows,
     leading_filled,
     plan_windows,
     slots_of_rows,
+    verify_dense,
 )
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
@@ -70,35 +72,59 @@ def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Ten
 def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor,
                            tokens: torch.Tensor | None, run: torch.Tensor, start: torch.Tensor, rows: torch.Tensor,
                            entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: int, limit: int,
-                           mask_id: int) -> tuple[torch.Tensor, ...]:
+                           mask_id: int, rows_per_window: int | None = None,
+                           lossless: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """``plain_window_step`` for fixed window rows: finish the windows at ``slots`` ([B] int64) of
-    ``table`` ([S, C]) from W logits rows each and plan their next forward.
+    ``table`` ([S, C]) from R = ``rows_per_window`` logits rows each (default W) and plan their next
+    forward with W = ``window_size`` slots after each leading run.
 
-    ``table_order`` [S, C]: each planned window's physical order; ``logits`` [B * W, V] / ``tokens``
-    [B * W] (or None: greedy, drawn here): the W rows after each window's leading run ``run`` [B], in
-    physical order; ``start`` [B]: tokens before each window; ``rows`` [B]: the rows each window
-    forwarded. A window longer than its rows (the scheduler predicted a shorter run) is void: its
-    run's KV is written (run <= W <= rows), nothing is filled, and it goes on with its slots after
-    the run, so its next forward is the one the reference decoder runs after this run. Returns the
-    next windows' tokens, filled, length and order, the tokens before them ([B]), each one's
-    leading run padded with -1 ([B, max(2, W)] int32, the step's sampled tokens) and which windows
-    were void ([B] bool)."""
-    tokens = _greedy(logits, mask_id) if tokens is None else tokens
+    ``table_order`` [S, C]: each planned window's physical order; ``logits`` [B * R, V] / ``tokens``
+    [B * R] (or None: greedy, drawn here): R rows of each window in physical order, those after its
+    leading run ``run`` [B] for a plain window (its masks are among them), its first R for a
+    ``lossless`` one ([B] bool, or None: none is), whose leading run's rows verify its fills
+    (``core.batch.verify_dense``; R must then cover the window, 2W); ``start`` [B]: tokens before each
+    window; ``rows`` [B]: the rows each window forwarded. A window longer than its rows (the
+    scheduler predicted a shorter run) is void: a plain one writes its run's KV (run <= W <= rows),
+    fills nothing and goes on with its slots after the run, so its next forward is the one the
+    reference decoder runs after this run; a lossless one commits nothing and stays as it is.
+
+    Returns the next windows' tokens, filled, length and order, the tokens before them ([B]), the
+    tokens each window returns now, padded with -1 ([B, max(2, R)] int32, the step's sampled
+    tokens: a plain window's next leading run, decided now and forwarded next step; a lossless
+    window's verified run, whose KV this step wrote) and which windows were void ([B] bool)."""
+    r = window_size if rows_per_window is None else rows_per_window
     planned, order = table.rows(slots), table_order[slots]  # [B, C] each
-    batch = slots.shape[0]
-    entropy = slots_of_rows(row_entropy(logits).view(batch, window_size), order, run)  # [B, C]
-    drawn = slots_of_rows(tokens.view(batch, window_size), order, run)  # [B, C]
-    following = fill_masks(planned, run, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id)
+    batch, capacity = slots.shape[0], planned.capacity
+    first_row = run if lossless is None else torch.where(lossless, 0, run)  # [B]: physical row of logits row 0
+    if tokens is None:  # greedy; a lossless window's leading-run rows are AR rows, which may draw the mask id
+        ban = None if lossless is None else ~(lossless[:, None] & (torch.arange(r, device=run.device) < run[:, None]))
+        tokens = sample(logits, SamplingBatch(None, None, None, None if ban is None else ban.flatten()), mask_id)
+    row_tokens = tokens.view(batch, r)  # [B, R]
+    entropy = slots_of_rows(row_entropy(logits).view(batch, r), order, first_row)  # [B, C]
+    drawn = slots_of_rows(row_tokens, order, first_row)  # [B, C]
     void = planned.length > rows  # [B]
-    skipped = drop_leading(planned, run, mask_id)  # a void window: the same slots, none filled
+    verified, commit = None, run
+    if lossless is not None:
+        checks = torch.where(lossless & ~void, run, 0)  # [B]: row j checks slot j + 1, the last draws the next
+        checked = torch.nn.functional.pad(row_tokens.long(), (0, max(capacity - r, 0)))[:, :capacity]  # [B, C]
+        accept = (planned.slot_index() < checks[:, None]) & (checked == dense_drafts(planned.tokens, checks))
+        verified, commit = verify_dense(planned, checks, accept, checked, window_size, mask_id)
+        commit = torch.where(lossless & void, 0, commit)
+    following = fill_masks(planned, commit, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id,
+                           verified)
+    skipped = drop_leading(planned, commit, mask_id)  # a void window: the same slots, none filled
     following = WindowBatch(torch.where(void[:, None], skipped.tokens, following.tokens),
                             torch.where(void[:, None], skipped.filled, following.filled),
                             torch.where(void, skipped.length, following.length))
-    committed_len = start + run
+    committed_len = start + commit
     plan = plan_windows(following, window_size, committed_len, limit)
-    width = max(2, window_size)  # width 1 would read as one token each, not a -1-padded run
-    return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len,
-            leading_runs(plan, width), void)
+    width = max(2, r)  # width 1 would read as one token each, not a -1-padded run
+    returned = leading_runs(plan, width)
+    if lossless is not None:
+        columns = torch.arange(width, device=commit.device)[None]  # [1, width]
+        verified_run = torch.where(columns < commit[:, None], planned.tokens[:, :width], -1).to(torch.int32)
+        returned = torch.where(lossless[:, None], verified_run, returned)
+    return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len, returned, void)
 
 
 def leading_runs(plan: BatchPlan, width: int) -> torch.Tensor:
@@ -160,10 +186,10 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
                                                                      (True, False)):
             if windows > len(table.pos_penalty) or masks > window_size or windows == masks == 2:
                 continue  # (2 windows of 2 masks: a variant 2 windows of 1 mask stands for)
-            if fixed_rows:  # W logits rows per window
+            if fixed_rows:  # R logits rows per window, R the largest W (plain windows only: lossless run eagerly)
                 if masks == 2:
                     continue
-                masks = window_size
+                masks = max(window_sizes)
             logits = logits_of_rows(windows * masks)
             tokens = None if greedy else _greedy(logits, table.mask_id)
             # Slots and, in one copy, the windows' starts (fixed rows: the rows each forwards, as
@@ -172,7 +198,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             slots, starts_or_rows = plan_rows(np.arange(windows), second, table.device)
             if fixed_rows:
                 step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
-                     starts_or_rows, tau, lam, window_size, limit, table.mask_id)
+                     starts_or_rows, tau, lam, window_size, limit, table.mask_id, masks, None)
             else:
                 step(empty, slots, logits, tokens, tau, lam, starts_or_rows, window_size, limit, table.mask_id)
     if table.device.type == "cuda":

@@ -211,8 +211,7 @@ def verification_drafts(tokens: torch.Tensor, num_rows: torch.Tensor) -> torch.T
     checks slot j + 1 of its leading run; its last row checks nothing (-1) and draws the next
     token. ``tokens`` [B, C]: the windows' tokens, leading run first (logical or physical order)."""
     slot = torch.arange(tokens.shape[1], device=tokens.device)[None]
-    following = torch.where(slot + 1 < num_rows[:, None], tokens.roll(-1, dims=1), -1)  # [B, C]
-    return following[slot < num_rows[:, None]]
+    return dense_drafts(tokens, num_rows)[slot < num_rows[:, None]]
 
 
 def verify_windows(windows: WindowBatch, num_rows: torch.Tensor, accepted: torch.Tensor, row_tokens: torch.Tensor,
@@ -229,16 +228,30 @@ def verify_windows(windows: WindowBatch, num_rows: torch.Tensor, accepted: torch
     plain one does: after a rejection its tail past them is cut (its masks' draws are not used), so
     a window never outgrows 2 x ``window_size`` slots.
     """
-    slot = windows.slot_index()
-    lead = leading_filled(windows.filled)  # [B]
-    checked = slot < num_rows[:, None]  # [B, C]: verification row j exists
+    checked = windows.slot_index() < num_rows[:, None]  # [B, C]: verification row j exists
     if accepted.numel():
         source = _row_of_cell(checked)  # [B, C]
-        accept = checked & accepted[source]
-        token = row_tokens.long()[source]
+        accept, token = checked & accepted[source], row_tokens.long()[source]
     else:
-        accept = torch.zeros_like(checked)
-        token = torch.zeros_like(windows.tokens)
+        accept, token = torch.zeros_like(checked), torch.zeros_like(windows.tokens)
+    return verify_dense(windows, num_rows, accept, token, window_size, mask_id)
+
+
+def dense_drafts(tokens: torch.Tensor, num_rows: torch.Tensor) -> torch.Tensor:
+    """``verification_drafts`` laid out per window, with no host sync: [B, C] int64, column j the
+    draft that verification row j checks (slot j + 1 of the leading run), -1 where there is none."""
+    slot = torch.arange(tokens.shape[1], device=tokens.device)[None]
+    return torch.where(slot + 1 < num_rows[:, None], tokens.roll(-1, dims=1), -1)
+
+
+def verify_dense(windows: WindowBatch, num_rows: torch.Tensor, accept: torch.Tensor, token: torch.Tensor,
+                 window_size: torch.Tensor | int, mask_id: int) -> tuple[WindowBatch, torch.Tensor]:
+    """``verify_windows`` given each window's verification rows in place, column j of [B, C] being
+    row j (``accept`` bool, False past ``num_rows``; ``token`` int64, the row's draw): the form a
+    step of fixed rows has on the device, where how many rows each window checks is not known on
+    the host."""
+    slot = windows.slot_index()
+    lead = leading_filled(windows.filled)  # [B]
     lossless = num_rows > 0  # [B]
     run = 1 + (accept & (slot + 1 < lead[:, None])).long().cumprod(1).sum(1)  # [B]: slot 0, then the accepted
     num_commit = torch.where(lossless, run, lead)
