@@ -116,8 +116,10 @@ def test_the_adaptive_window_settings(config, window_size, window_tokens):
 def test_invalid_server_knobs_are_refused_at_start_up(tiny_checkpoints, settings, message):
     from vllm.engine.arg_utils import EngineArgs
 
+    # --no-async-scheduling: on a GPU async scheduling is the default, where the padding knob is valid.
     args = EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,
-                      kv_cache_memory_bytes=1 << 26, additional_config={"decoding": "wedlm", **settings})
+                      kv_cache_memory_bytes=1 << 26, additional_config={"decoding": "wedlm", **settings},
+                      async_scheduling=False)
     with pytest.raises(ValueError, match=message):
         args.create_engine_config()
 

@@ -149,8 +149,8 @@ def test_the_padding_gate_follows_the_step_cost_measured():
     small = SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768,
                             num_hidden_layers=6)
     assert not hides_host_work(small)
-    assert padding_gate(True, small, None) == PaddingGate(budget=0, knee=256, overlap=False)
-    assert not padding_gate(True, small, None).pipelines(64 * 32, 64 * 32)
+    assert padding_gate(True, small, None) == PaddingGate(budget=0, knee=0, overlap=False)
+    assert not padding_gate(True, small, None).pipelines(64 * 32, 64 * 17)
     assert padding_gate(True, small, 1 << 20).pipelines(64 * 32, 64 * 17)
     assert padding_gate(True, QWEN3_8B, 7) == PaddingGate(budget=7, knee=256)
     # The rule's boundary, about 3.4B parameters: a 1.5B and a 7B Qwen2.5 shape on either side.

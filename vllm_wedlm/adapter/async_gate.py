@@ -50,9 +50,10 @@ class PaddingGate:
     a host-bound model's engine, or a synchronous one, whose window steps wait for the one before)."""
 
     def pipelines(self, padded: int, exact: int) -> bool:
-        """Whether a step of ``padded`` tokens (2W rows per window) is worth running pipelined rather
-        than one of ``exact`` tokens after the step before it."""
-        return self.overlap and max(padded, self.knee) - max(exact, self.knee) <= self.budget
+        """Whether a step pads its windows to 2W rows (``padded`` tokens) rather than forwarding each
+        window's exact rows (``exact`` tokens); where ``overlap`` holds, a padded step is scheduled
+        while the one before it is in flight."""
+        return max(padded, self.knee) - max(exact, self.knee) <= self.budget
 
 
 def flops_per_token(hf_config) -> float:
@@ -81,7 +82,7 @@ def padding_gate(async_scheduling: bool, hf_config, budget: int | None) -> Paddi
     if not async_scheduling:
         return PaddingGate(budget=budget or 0, knee=0, overlap=False)
     if budget is None:
-        overlap = hides_host_work(hf_config)
-        return PaddingGate(budget=int(HOST_SECONDS * FLOP_RATE / flops_per_token(hf_config)) if overlap else 0,
-                           knee=KNEE_TOKENS, overlap=overlap)
+        if not hides_host_work(hf_config):  # steps one after the other: each window's exact rows
+            return PaddingGate(budget=0, knee=0, overlap=False)
+        budget = int(HOST_SECONDS * FLOP_RATE / flops_per_token(hf_config))
     return PaddingGate(budget=budget, knee=KNEE_TOKENS)
