@@ -12,7 +12,8 @@
 * a ``+async`` or ``+sync`` suffix on a WeDLM, lossless or ``wedlm-ar`` mode (``wedlm:0.4+sync``):
   its engine runs with ``--async-scheduling`` (fixed window rows, GPU only) or
   ``--no-async-scheduling`` (exact window rows); without one, the engine's default (on a GPU, async
-  scheduling, as for AR; on a CPU, synchronous). Each result row records the scheduling that ran.
+  scheduling for a model whose forward hides the host's work, synchronous for a smaller one:
+  ``adapter/async_gate.py``; on a CPU, synchronous). Each result row records the scheduling that ran.
 
 All WeDLM, lossless and ``wedlm-ar`` modes of one suffix share one engine (all are per-request
 knobs); AR and each n-gram setting need their own.

@@ -39,8 +39,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("fixed_rows", [False, True], ids=["exact-rows", "fixed-rows"])
 def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_rows):
-    """``fixed_rows``: the layout of async scheduling (a GPU's default; synchronous on a CPU); else
-    exact rows (--no-async-scheduling)."""
+    """``fixed_rows``: --async-scheduling, fixed window rows (synchronous on a CPU); else
+    --no-async-scheduling, exact rows."""
     from vllm import SamplingParams
 
     config = WeDLMConfig.from_pretrained(checkpoint)
@@ -49,7 +49,7 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
              "fixed_window_rows": fixed_rows}
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
-    with running_llm(checkpoint, dtype="float32", async_scheduling=None if fixed_rows else False,
+    with running_llm(checkpoint, dtype="float32", async_scheduling=fixed_rows,
                      additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS,
                      max_num_batched_tokens=TOKEN_BUDGET) as llm:
         llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))

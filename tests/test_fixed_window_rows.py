@@ -19,7 +19,7 @@ import pytest
 
 from conftest import build_checkpoint
 from engines import running_llm
-from vllm_wedlm.adapter.async_gate import PaddingGate, hides_host_work, padding_gate
+from vllm_wedlm.adapter.async_gate import PaddingGate, default_async_scheduling, hides_host_work, padding_gate
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core import WeDLMParams
@@ -51,7 +51,7 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
                              extra_args={"wedlm_entropy_threshold": tau, "wedlm_pos_penalty": lam})
               for tau, lam, _ in combos]
     config = {"decoding": "wedlm", "window_size": window, "fixed_window_rows": True, "async_padding_tokens": padding}
-    with running_llm(path, dtype="float32", additional_config=config) as llm:
+    with running_llm(path, dtype="float32", additional_config=config, async_scheduling=True) as llm:
         assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling == on_gpu()
         outputs = llm.generate([p for *_, p in combos], params, use_tqdm=False)
         forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
@@ -101,7 +101,8 @@ def test_fixed_rows_serve_ar_requests_as_an_ar_engine(tmp_path):
     with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=ar_config) as llm:
         expected = token_ids(llm.generate(prompts, greedy(), use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": 4, "fixed_window_rows": True, "async_padding_tokens": 40}
-    with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=config) as llm:
+    with running_llm(path, dtype="float32", max_model_len=AR_MAX_MODEL_LEN, additional_config=config,
+                     async_scheduling=True) as llm:
         assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling == on_gpu()
         alone = token_ids(llm.generate(prompts, greedy(wedlm_decoding="ar"), use_tqdm=False))
         ar_forwards = sum(llm.collective_rpc("wedlm_request_forwards"))
@@ -142,23 +143,30 @@ def test_the_padding_gate_follows_the_step_cost_measured():
     # knee) but not at 16 (512 against 272 rows); whole runs pipeline at any batch (no padding).
     assert gate.pipelines(32, 17) and not gate.pipelines(16 * 32, 16 * 17) and not gate.pipelines(64 * 32, 64 * 17)
     assert gate.pipelines(8 * 32, 8 * 17) and gate.pipelines(64 * 32, 64 * 32)
-    assert gate.overlap and hides_host_work(QWEN3_8B)
-    # A small model's forward is shorter than the host work pipelining hides: its window steps
-    # wait for the one before (exact rows), whatever the padding would cost; an explicit budget
-    # pipelines them still.
+    # A small model's step is the host's: padding 64 windows of one-token runs still pays.
     small = SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768,
                             num_hidden_layers=6)
-    assert not hides_host_work(small)
-    assert padding_gate(True, small, None) == PaddingGate(budget=0, knee=0, overlap=False)
-    assert not padding_gate(True, small, None).pipelines(64 * 32, 64 * 17)
-    assert padding_gate(True, small, 1 << 20).pipelines(64 * 32, 64 * 17)
+    assert padding_gate(True, small, None).pipelines(64 * 32, 64 * 17)
     assert padding_gate(True, QWEN3_8B, 7) == PaddingGate(budget=7, knee=256)
-    # The rule's boundary, about 3.4B parameters: a 1.5B and a 7B Qwen2.5 shape on either side.
+    # Without async scheduling nothing overlaps: every padding row costs.
+    assert padding_gate(False, QWEN3_8B, None) == PaddingGate(budget=0, knee=0)
+    assert not padding_gate(False, small, None).pipelines(32, 17)
+
+
+def test_a_model_too_small_to_hide_the_host_schedules_synchronously_by_default():
+    """The start-up rule (``async_gate.default_async_scheduling``): with no scheduling flag, a model
+    whose forward at the knee is shorter than the host work that overlap hides (below about 3.4B
+    parameters) gets synchronous scheduling and exact rows (faster on the H100, BENCHMARKS 5.16),
+    a larger one vLLM's default (None: async); a flag given decides for itself."""
+    small = SimpleNamespace(hidden_size=384, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1152,
+                            num_hidden_layers=6)  # the "small" recipe's model
     qwen_1_5b = SimpleNamespace(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
                                 intermediate_size=8960, num_hidden_layers=28)
     qwen_7b = SimpleNamespace(hidden_size=3584, num_attention_heads=28, num_key_value_heads=4,
                               intermediate_size=18944, num_hidden_layers=28)
-    assert not hides_host_work(qwen_1_5b) and hides_host_work(qwen_7b)
-    # Without async scheduling nothing overlaps: every padding row costs.
-    assert padding_gate(False, QWEN3_8B, None) == PaddingGate(budget=0, knee=0, overlap=False)
-    assert not padding_gate(False, small, None).pipelines(32, 17)
+    assert [hides_host_work(shape) for shape in (small, qwen_1_5b, qwen_7b, QWEN3_8B)] == [False, False, True, True]
+    assert default_async_scheduling(None, small) is False and default_async_scheduling(None, QWEN3_8B) is None
+    for requested in (True, False):
+        assert default_async_scheduling(requested, small) is requested
+        assert default_async_scheduling(requested, QWEN3_8B) is requested
+

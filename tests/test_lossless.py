@@ -39,8 +39,8 @@ PROMPTS = [
 ]
 # (checkpoint, server-wide window, fixed window rows): both published bodies with sharpened random
 # weights (fills that often pass and often fail the check), and the trained micro model (fills
-# mostly right); exact rows (--no-async-scheduling) and the fixed rows of async scheduling (a
-# GPU's default; synchronous on a CPU).
+# mostly right); exact rows (--no-async-scheduling) and the fixed rows of --async-scheduling (a
+# large model's default on a GPU; synchronous on a CPU).
 CASES = [("qwen3-sharp", 4, False), ("qwen2-sharp", 16, False), ("micro", 8, False), ("qwen3-sharp", 4, True),
          ("micro", 8, True)]
 
@@ -78,8 +78,8 @@ def runs(request, checkpoints):
         runs["ar"] = token_ids(ar.generate(PROMPTS, greedy(), use_tqdm=False))
         runs["ar_eos"] = ar.generate(PROMPTS, greedy(ignore_eos=False), use_tqdm=False)
     config = {"decoding": "wedlm", "window_size": window, "fixed_window_rows": fixed_rows}
-    # Exact rows: --no-async-scheduling (on a GPU too, whose default is fixed rows).
-    with running_llm(path, dtype="float32", async_scheduling=None if fixed_rows else False,
+    # --async-scheduling (fixed rows; synchronous on a CPU) or --no-async-scheduling (exact rows).
+    with running_llm(path, dtype="float32", async_scheduling=fixed_rows,
                      additional_config=config, enable_prefix_caching=True,
                      block_size=16) as llm:
         for tau in TAUS:
@@ -177,7 +177,7 @@ def test_stop_strings_and_preemption_keep_lossless_equal_to_ar(checkpoints, fixe
         stopped = ar.generate(prompts, SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True, stop=[stop]),
                               use_tqdm=False)
     engine = {"decoding": "wedlm", "window_size": 8, "lossless": True, "fixed_window_rows": fixed_rows}
-    with running_llm(path, dtype="float32", async_scheduling=None if fixed_rows else False,
+    with running_llm(path, dtype="float32", async_scheduling=fixed_rows,
                      additional_config=engine, max_model_len=max_model_len,
                      kv_cache_memory_bytes=3 * max_model_len * bytes_per_token, block_size=16,
                      max_num_batched_tokens=128, enable_chunked_prefill=True, disable_log_stats=False) as small:

@@ -56,7 +56,8 @@ def engine(request, tmp_path_factory):
     wedlm = {"decoding": "wedlm", "window_size": window, "entropy_threshold": tau}
     if fixed_rows:  # every step pipelined, 2W rows per window (what async scheduling runs at small costs)
         wedlm.update(fixed_window_rows=True, async_padding_tokens=1 << 20)
-    with running_llm(path, dtype="float32", additional_config=wedlm, max_model_len=MAX_MODEL_LEN,
+    with running_llm(path, dtype="float32", additional_config=wedlm, async_scheduling=fixed_rows or None,
+                     max_model_len=MAX_MODEL_LEN,
                      kv_cache_memory_bytes=KV_BLOCKS * BLOCK * kv_bytes_per_token(config), block_size=BLOCK,
                      max_num_batched_tokens=32 * window, long_prefill_token_threshold=CHUNK,
                      enable_chunked_prefill=True, disable_log_stats=False) as llm:

@@ -12,15 +12,17 @@ FLOPs at ``FLOP_RATE``. Pipelining hides ``HOST_SECONDS`` of host work. So paddi
 tokens beyond the knee cost less than that: ``HOST_SECONDS * FLOP_RATE / FLOPs per token`` tokens,
 about 120 for an 8B model and tens of thousands for a small one (whose steps are all host).
 
-Pipelining also has a price padding does not set: the step after a request's last one is scheduled
-before that last one is back, one forward more per request, and each step's tokens reach the user
-after the next step is launched. It hides at most a forward's time of host work per step, so where a
-whole forward at the knee costs less than ``HOST_SECONDS`` (models below about 3.4B parameters in
-bf16) it loses, measured on the small trained model (BENCHMARKS 5.11 and 5.12: 3.6x against 5.4x AR
-at batch 1, a first token 1.23x AR's against 0.82x). The rule, chosen once from the model's size:
-such an engine never schedules a window step while the request's step before is in flight (its
-window steps run one after the other, each with its exact rows, as with synchronous scheduling),
-and AR-decoded requests on it stay pipelined, as vLLM runs them.
+**Which engine a model gets by default** (``default_async_scheduling``, once at start-up). Pipelining
+hides at most a forward's time of host work per step, and it costs: the step after a request's last
+one is scheduled before that last one is back, and each step's tokens reach the user after the next
+step is launched. Where a whole forward at the knee costs less than ``HOST_SECONDS`` (models below
+about 3.4B parameters in bf16) it loses, measured on one H100 with the trained ``small`` model,
+arithmetic, WeDLM / AR (BENCHMARKS 5.16): pipelined fixed rows 3.6x at batch 1 against 5.4x
+synchronous (5.11), and fixed rows whose window steps wait for the one before under async
+scheduling 4.9x against 6.6x at batch 1, 1.9x against 2.6x at batch 64 (the same tokens per forward:
+the empty schedule of each wait costs). So such a model's engine schedules synchronously with exact
+rows unless the user asks for ``--async-scheduling``; a larger one (the Qwen3-8B shape: a one-token
+window step 1.10x AR's against 1.43x synchronous) gets vLLM's async scheduling.
 """
 
 from __future__ import annotations
@@ -45,14 +47,9 @@ class PaddingGate:
     knee: int
     """Tokens a forward takes at no extra cost (0: every token costs, as on a CPU)."""
 
-    overlap: bool = True
-    """Whether a window step may be scheduled while the request's step before is in flight (False:
-    a host-bound model's engine, or a synchronous one, whose window steps wait for the one before)."""
-
     def pipelines(self, padded: int, exact: int) -> bool:
-        """Whether a step pads its windows to 2W rows (``padded`` tokens) rather than forwarding each
-        window's exact rows (``exact`` tokens); where ``overlap`` holds, a padded step is scheduled
-        while the one before it is in flight."""
+        """Whether a step of ``padded`` tokens (2W rows per window) is worth running pipelined rather
+        than one of ``exact`` tokens after the step before it."""
         return max(padded, self.knee) - max(exact, self.knee) <= self.budget
 
 
@@ -68,21 +65,26 @@ def flops_per_token(hf_config) -> float:
     return 2.0 * hf_config.num_hidden_layers * (attention + mlp)
 
 
+def padding_gate(async_scheduling: bool, hf_config, budget: int | None) -> PaddingGate:
+    """The gate of an engine; ``budget`` None: "auto". Without async scheduling nothing overlaps,
+    so padding never pays ("auto" is 0) and every token counts (no knee)."""
+    if not async_scheduling:
+        return PaddingGate(budget=budget or 0, knee=0)
+    if budget is None:
+        budget = int(HOST_SECONDS * FLOP_RATE / flops_per_token(hf_config))
+    return PaddingGate(budget=budget, knee=KNEE_TOKENS)
+
+
 def hides_host_work(hf_config) -> bool:
-    """Whether a forward of the model at the knee takes at least the host work pipelining hides
-    (the module's rule): about 3.4B parameters and more."""
+    """Whether a forward of the model at the knee takes at least the host work pipelining hides:
+    about 3.4B parameters and more (the module's rule)."""
     return KNEE_TOKENS * flops_per_token(hf_config) / FLOP_RATE >= HOST_SECONDS
 
 
-def padding_gate(async_scheduling: bool, hf_config, budget: int | None) -> PaddingGate:
-    """The gate of an engine; ``budget`` None: "auto". Without async scheduling nothing overlaps,
-    so padding never pays ("auto" is 0) and every token counts (no knee). With it, "auto" pipelines
-    window steps only for a model whose forward hides the host's work (``hides_host_work``); an
-    explicit budget pipelines them for any model (the padding decides their rows)."""
-    if not async_scheduling:
-        return PaddingGate(budget=budget or 0, knee=0, overlap=False)
-    if budget is None:
-        if not hides_host_work(hf_config):  # steps one after the other: each window's exact rows
-            return PaddingGate(budget=0, knee=0, overlap=False)
-        budget = int(HOST_SECONDS * FLOP_RATE / flops_per_token(hf_config))
-    return PaddingGate(budget=budget, knee=KNEE_TOKENS)
+def default_async_scheduling(requested: bool | None, hf_config) -> bool | None:
+    """vLLM's ``async_scheduling`` for a WeDLM engine on CUDA: the user's (``--async-scheduling`` /
+    ``--no-async-scheduling``) where given; else vLLM's default (None, async) for a model whose
+    forward hides the host's work, and synchronous (False) for a smaller one."""
+    if requested is not None:
+        return requested
+    return None if hides_host_work(hf_config) else False

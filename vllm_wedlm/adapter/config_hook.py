@@ -13,6 +13,7 @@ from vllm import envs
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
+from vllm_wedlm.adapter.async_gate import default_async_scheduling
 from vllm_wedlm.config import ASYNC_PADDING_KEY, WeDLMSettings, max_window_tokens
 from vllm_wedlm.models.configuration_wedlm import body_of
 
@@ -83,11 +84,16 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     # Async scheduling schedules a step before the previous one's result is back, so windows must
     # not need it on the host: they are laid out from the runner's device table (fixed window
     # rows, FIXED_ROWS_KEY). On CUDA that is the default, as async scheduling is vLLM's default
-    # for AR: unless the user turned it off (--no-async-scheduling: False here; no flag is None,
-    # which vLLM resolves after this hook, to on unless its executor cannot), the engine gets
-    # fixed window rows, which also run right if vLLM then schedules synchronously. Otherwise each
-    # window forwards exactly its own rows, known on the host. vLLM's CPU platform never schedules
-    # async; fixed window rows can be asked for there (additional_config) to test them.
+    # for AR, except for a model too small for its forward to hide the host's work, which runs
+    # faster synchronously (async_gate.default_async_scheduling, measured). --async-scheduling and
+    # --no-async-scheduling (True / False here; no flag is None, which vLLM resolves after this
+    # hook, to on unless its executor cannot) decide for themselves. Fixed window rows also run
+    # right if vLLM then schedules synchronously. Otherwise each window forwards exactly its own
+    # rows, known on the host. vLLM's CPU platform never schedules async; fixed window rows can be
+    # asked for there (additional_config) to test them.
+    if platform == "cuda":
+        scheduler.async_scheduling = default_async_scheduling(scheduler.async_scheduling,
+                                                              vllm_config.model_config.hf_text_config)
     if platform == "cuda" and scheduler.async_scheduling is not False and not settings.fixed_window_rows:
         settings = settings.with_fixed_window_rows(vllm_config.additional_config)
     elif platform != "cuda" or not settings.fixed_window_rows:

@@ -193,9 +193,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
       itself, where the next window starts, and ``N - C`` its run;
     * a window in flight is left out of a schedule when vLLM would cut its next rows at
       ``max_model_len`` (C only bounds the start from above while a step is in flight): it then
-      starts at C exactly, and the runner's plan keeps it within ``max_model_len``; and always
-      where the gate does not overlap window steps (a host-bound model, ``async_gate.py``), so its
-      window steps run one after the other with exact rows.
+      starts at C exactly, and the runner's plan keeps it within ``max_model_len``.
 
     A lossless window (``wedlm_lossless``) returns its verified run, whose KV its step wrote: vLLM's
     own accounting of accepted drafts is then right, and ``C`` is the window's start with no step in
@@ -214,12 +212,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._window_rows = max_window_tokens(self.wedlm.window_size)  # Q
         self._gate = padding_gate(self.scheduler_config.async_scheduling, self.vllm_config.model_config.hf_text_config,
                                   self.wedlm.async_padding_tokens)
-        if self._gate.overlap:
-            logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of "
-                        "forward beyond %d", self._gate.budget, self._gate.knee)
-        elif self.scheduler_config.async_scheduling:
-            logger.info("WeDLM: window steps wait for the one before (the model's forward is shorter than the "
-                        "host work pipelining would hide); AR-decoded requests are pipelined")
+        logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of forward "
+                    "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
         # Requests decoded AR on this engine: one token per step, no window.
@@ -304,8 +298,6 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             padded = True  # its leading run is known on the device only
         if not request.num_output_placeholders:
             return self._window_rows if padded else window_size + request.num_tokens - computed
-        if not self._gate.overlap:
-            return None  # its step before comes back first (a host-bound model: async_gate.py)
         rows = self._window_rows if padded else window_size + self._runs.get(request.request_id, window_size)
         return None if computed + rows > self.max_model_len else rows
 
