@@ -1,7 +1,8 @@
 """adapter/window_step.py: the runner's steps of plain windows (the functions the GPU worker
 compiles: the synchronous one and the one of fixed window rows) equal the one-request statement of
 WeDLM's step (core/step.py) for every window of a table, and the synchronous one's packet is what
-the host half of the window table reads.
+the host half of the window table reads; with lossless windows, the fixed-rows step equals the
+synchronous runner's core functions.
 
 Random planned windows at scattered slots of a larger table, every window size, tau (including
 None) and lambda, a KV room that cuts some windows short, greedy and sampled draws, chained over
@@ -243,3 +244,99 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
         engine_step(*args)  # a variant it did compile: the compiled code
         assert len(num_compiled_runs) == compiled_runs + 1 and runs["compiled"] == 1
     assert len(num_compiles) == compiled_so_far
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy-inside", "draws-given"])
+@pytest.mark.parametrize("window_size", [1, 3, 8])
+def test_fixed_rows_lossless_windows_equal_the_synchronous_step(window_size, greedy):
+    """Fixed window rows with lossless windows (``lossless``), mixed with plain ones: each window's
+    2W logits rows (a lossless window's first 2W, whose leading-run rows verify its fills on the
+    device; a plain one's after its run) give what the synchronous runner's step gives from exactly
+    the rows it asks for (``core.batch.verify_windows``, ``finish_windows``, ``plan_windows``): the
+    next windows, where they start, and what each returns now, a lossless window its verified run
+    (its KV written this step), a plain one its next leading run. Greedy draws never give a mask
+    row the mask token, but a lossless window's leading-run rows are AR rows, which may."""
+    from vllm_wedlm.core.batch import finish_windows, plan_windows, verification_drafts, verify_windows
+
+    rng = random.Random(window_size + 100 * greedy)
+    gen = torch.Generator().manual_seed(window_size)
+    w, q, batch_size = window_size, 2 * window_size, 16
+    table = WindowTable(q, M, torch.device("cpu"), slots=24)
+    slots = torch.tensor(rng.sample(range(24), batch_size))
+    lossless = torch.tensor([rng.random() < 0.6 for _ in range(batch_size)])
+    for slot in slots.tolist():
+        table.set_params(slot, WeDLMParams(rng.choice([None, 0.4, 100.0]), rng.choice([0.0, 0.5])))
+    # Windows as a previous step left them: fills anywhere among W slots after a leading run; a
+    # lossless window's slot 0 is always filled (the model's own next token).
+    windows = WindowBatch.empty(batch_size, q, M)
+    for b in range(batch_size):
+        length = rng.randint(min(3, w), w)
+        filled = [rng.random() < 0.5 for _ in range(length)]
+        if lossless[b]:  # a leading run of unverified fills after slot 0
+            lead = rng.randint(min(3, length), length)
+            filled[:lead] = [True] * lead
+        windows.filled[b, :length] = torch.tensor(filled)
+        windows.tokens[b, :length] = torch.where(torch.tensor(filled), torch.randint(0, M, (length,), generator=gen), M)
+        windows.length[b] = length
+    start = torch.tensor([rng.randint(0, 30) for _ in range(batch_size)])
+    limit = int(start.max()) + w + 3  # some windows meet the KV room's end
+    plan = plan_windows(windows, w, start, limit)
+    table.keep(slots, plan.windows, plan.order, start)
+    run = leading_filled(plan.windows.filled)  # [B]
+    length = plan.windows.length  # [B]: the rows each window forwards (the synchronous step's)
+
+    physical = logits_like(rng, gen, batch_size * q).view(batch_size, q, V)  # [B, 2W, V] each physical row's
+    # Fills that pass their check (the row before draws them): none, all but the last, or all of a
+    # window's, so that runs are cut at once, cut late and accepted whole.
+    agree = [(b, j) for b in range(batch_size) if lossless[b] for j in range(int(run[b]) - 1 - (b % 3 == 1))
+             if b % 3]
+    for b, j in agree:
+        physical[b, j, plan.windows.tokens[b, j + 1]] = 1e3
+    if greedy:  # a leading-run row that draws the mask token (it checks nothing: its run's last row)
+        for b in range(batch_size):
+            if lossless[b]:
+                physical[b, int(run[b]) - 1, M] = 2e3
+    k = torch.arange(q)[None]  # [1, 2W]
+    from_row = torch.where(lossless, 0, run)[:, None]  # [B, 1]
+    fixed_rows = torch.minimum(from_row + k, length[:, None] - 1)  # [B, 2W] the fixed layout's rows
+    logits = physical.gather(1, fixed_rows[:, :, None].expand(-1, -1, V)).reshape(-1, V)  # [B * 2W, V]
+    ar_row = (lossless[:, None] & (k < run[:, None])).flatten()  # [B * 2W] leading-run rows of lossless windows
+    drawn = torch.randint(0, V, (batch_size * q,), generator=gen)  # any draws but the mask at mask rows
+    drawn[(drawn == M) & ~ar_row] = 0
+    for b, j in agree:  # a lossless window's logits row j is its physical row j
+        drawn[b * q + j] = plan.windows.tokens[b, j + 1]
+    tokens = None if greedy else drawn
+    per_row = sample(logits, SamplingBatch(None, None, None, ~ar_row), M) if greedy else drawn  # [B * 2W]
+
+    *next_windows, order, committed_len, returned, void = fixed_rows_window_step(
+        table.windows, table.order, slots, logits, tokens, run, start, length, table.entropy_threshold,
+        table.pos_penalty, w, limit, M, q, lossless)
+
+    # The synchronous step: check rows first (a lossless window's leading run), then mask rows.
+    per_row = per_row.view(batch_size, q)
+    entropy = row_entropy(logits).view(batch_size, q)
+    checks = torch.where(lossless, run, 0)
+    check_tokens = torch.cat([per_row[b, : int(checks[b])] for b in range(batch_size)])  # [R]
+    accepted = (check_tokens == verification_drafts(plan.windows.tokens, checks))
+    verified, commit = verify_windows(plan.windows, checks, accepted, check_tokens, w, M)
+    mask_rows = [(torch.arange(int(length[b]) - int(plan.num_masks[b]), int(length[b]))
+                  - int(from_row[b])) for b in range(batch_size)]  # each one's mask rows among its logits rows
+    following = finish_windows(plan.windows, commit,
+                               torch.cat([entropy[b, rows] for b, rows in enumerate(mask_rows)]),
+                               torch.cat([per_row[b, rows] for b, rows in enumerate(mask_rows)]),
+                               table.entropy_threshold[slots], table.pos_penalty[slots], M, verified)
+    expected = plan_windows(following, w, start + commit, limit)
+
+    assert not void.any()
+    assert torch.equal(committed_len, start + commit)
+    tokens_, filled_, length_ = next_windows
+    assert torch.equal(tokens_, expected.windows.tokens) and torch.equal(filled_, expected.windows.filled)
+    assert torch.equal(length_, expected.windows.length) and torch.equal(order, expected.order)
+    width = max(2, q)
+    for b in range(batch_size):
+        now = (plan.windows.tokens[b, : int(commit[b])] if lossless[b]
+               else expected.windows.tokens[b, : int(expected.num_commit[b])]).tolist()
+        assert returned[b].tolist() == (now + [-1] * width)[:width], b
+    assert lossless.any() and (~lossless).any()
+    if w > 1:  # runs of fills accepted, and cut at a rejected one
+        assert (commit[lossless] > 1).any() and (commit[lossless] < run[lossless]).any(), (commit, run)
