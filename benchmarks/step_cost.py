@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.modes import FILL_ALL, token_budget
+from benchmarks.offline import engine_scheduling
 from vllm_wedlm.checkpoints.tiny import (
     TinySpec,
     published_config,
@@ -119,6 +120,9 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
         started = time.perf_counter()
         llm = LLM(str(model), **settings)
         engine = {"engine_start_s": round(time.perf_counter() - started, 1), **_engine_graphs(llm)}
+        if decoding == "wedlm":  # what ran, whatever was asked
+            engine.update(engine_scheduling(llm))
+        fixed = engine.get("window_rows") == "fixed"
         try:
             vocab = llm.llm_engine.model_config.get_vocab_size()
             for tau_name in (["ar"] if decoding == "ar" else taus):
@@ -128,7 +132,6 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                     _time_run(llm, prompts, 8, tau)  # warm-up at this batch size
                     modes_before = graph_modes(llm) if decoding == "wedlm" else {}
                     steps_before = window_steps(llm) if decoding == "wedlm" else {}
-                    fixed = (llm.llm_engine.vllm_config.additional_config or {}).get("fixed_window_rows", False)
                     layouts_before = row_layouts(llm) if fixed else {}
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
@@ -139,10 +142,6 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                            "step_ms_spread": [round(steps_ms[0], 3), round(steps_ms[-1], 3)], "repeats": repeats,
                            "tokens_per_step": round(tokens_per_step, 3),
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
-                    if scheduling is not None:  # what ran, whatever was asked
-                        row["scheduling"] = ("async" if llm.llm_engine.vllm_config.scheduler_config.async_scheduling
-                                             else "sync")
-                        row["window_rows"] = "fixed" if fixed else "exact"
                     if fixed:  # the gate's choices: steps padded (pipelined) or exact
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager

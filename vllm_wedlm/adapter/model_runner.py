@@ -37,6 +37,7 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.window_step import (
+    check_rows,
     compiled_window_step,
     fixed_rows_window_step,
     leading_runs,
@@ -471,9 +472,8 @@ class WeDLMRunnerMixin:
             tokens = None  # greedy: drawn inside the step
             if sampling.temperature is not None:
                 if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
-                    k = torch.arange(rows_per_window, device=self.device)[None]
-                    ban = ~(w_lossless[:, None] & (k < run[:, None]))  # [Bw, R]
-                    sampling = dataclasses.replace(sampling, ban_mask_token=ban.flatten())
+                    ban = ~check_rows(w_lossless, run, rows_per_window).flatten()  # [Bw * R]
+                    sampling = dataclasses.replace(sampling, ban_mask_token=ban)
                 tokens = sample(window_logits, sampling, mask_id)
             self.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.wedlm_fixed_rows_step(

@@ -45,7 +45,7 @@ from vllm_wedlm.core.batch import (
     slots_of_rows,
     verify_dense,
 )
-from vllm_wedlm.core.sampling import SamplingBatch, sample
+from vllm_wedlm.core.sampling import SamplingBatch, accept_drafts, sample
 from vllm_wedlm.core.selection import row_entropy
 
 logger = init_logger("vllm.wedlm")
@@ -97,8 +97,8 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     batch, capacity = slots.shape[0], planned.capacity
     first_row = run if lossless is None else torch.where(lossless, 0, run)  # [B]: physical row of logits row 0
     if tokens is None:  # greedy; a lossless window's leading-run rows are AR rows, which may draw the mask id
-        ban = None if lossless is None else ~(lossless[:, None] & (torch.arange(r, device=run.device) < run[:, None]))
-        tokens = sample(logits, SamplingBatch(None, None, None, None if ban is None else ban.flatten()), mask_id)
+        ban = None if lossless is None else ~check_rows(lossless, run, r).flatten()
+        tokens = sample(logits, SamplingBatch(None, None, None, ban), mask_id)
     row_tokens = tokens.view(batch, r)  # [B, R]
     entropy = slots_of_rows(row_entropy(logits).view(batch, r), order, first_row)  # [B, C]
     drawn = slots_of_rows(row_tokens, order, first_row)  # [B, C]
@@ -107,7 +107,7 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     if lossless is not None:
         checks = torch.where(lossless & ~void, run, 0)  # [B]: row j checks slot j + 1, the last draws the next
         checked = torch.nn.functional.pad(row_tokens.long(), (0, max(capacity - r, 0)))[:, :capacity]  # [B, C]
-        accept = (planned.slot_index() < checks[:, None]) & (checked == dense_drafts(planned.tokens, checks))
+        accept = accept_drafts(checked, dense_drafts(planned.tokens, checks))  # [B, C]
         verified, commit = verify_dense(planned, checks, accept, checked, window_size, mask_id)
         commit = torch.where(lossless & void, 0, commit)
     following = fill_masks(planned, commit, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id,
@@ -125,6 +125,12 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
         verified_run = torch.where(columns < commit[:, None], planned.tokens[:, :width], -1).to(torch.int32)
         returned = torch.where(lossless[:, None], verified_run, returned)
     return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len, returned, void)
+
+
+def check_rows(lossless: torch.Tensor, run: torch.Tensor, rows_per_window: int) -> torch.Tensor:
+    """[B, R] bool: the logits rows of a fixed-rows step that are a lossless window's leading-run
+    rows (its first ``run`` [B] rows where ``lossless`` [B]): AR rows, drawn without the mask ban."""
+    return lossless[:, None] & (torch.arange(rows_per_window, device=run.device)[None] < run[:, None])
 
 
 def leading_runs(plan: BatchPlan, width: int) -> torch.Tensor:
