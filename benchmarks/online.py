@@ -112,6 +112,8 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
     log_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
 
+    ran: dict[str, dict[str, str]] = {}  # url -> how its engine scheduled (WeDLM servers)
+
     def measure(servers: list[tuple[list[Mode], str]]) -> None:
         for shots, kind, prompts, limit, concurrency in settings:
             for group, url in servers:
@@ -119,6 +121,8 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                     rows.append(_point(model, url, mode, kind, shots, limit, concurrency,
                                        take(prompts, max(requests, concurrency)), ignore_eos, window_size,
                                        window_tokens))
+                    if mode.decoding == "wedlm":
+                        rows[-1].update(ran.get(url, {}))
                     progress(len(rows), total, rows[-1])
 
     with ExitStack() as stack:
@@ -129,6 +133,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
             stack.callback(server.close)  # a failure anywhere still stops every server
             log_name = "serve-" + engine.replace(":", "-").replace("+", "-") + ".log"
             url = server.enter_context(running_server(model, *args, log_path=log_dir / log_name))
+            ran[url] = server_scheduling((log_dir / log_name).read_text())
             warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
             asyncio.run(_load(url, warm, max(concurrencies)))
             if interleave:
@@ -138,6 +143,17 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
                 server.close()
         measure(live)
     return rows
+
+
+def server_scheduling(log_text: str) -> dict[str, str]:
+    """How a WeDLM server's engine schedules, from the line the plugin logs as it configures the engine
+    (``config_hook``): fixed window rows run under async scheduling, exact rows synchronously; {}
+    when the log has no such line (not a WeDLM engine)."""
+    for line in log_text.splitlines():
+        if "WeDLM decoding: window" in line:
+            fixed = "fixed window rows" in line
+            return {"scheduling": "async" if fixed else "sync", "window_rows": "fixed" if fixed else "exact"}
+    return {}
 
 
 def _point(model: str, url: str, mode: Mode, kind: str, shots: int, limit: int, concurrency: int, batch: list[Prompt],

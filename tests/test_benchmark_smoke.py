@@ -119,6 +119,12 @@ def test_online_harness(model, tmp_path):
     check_counts(online["rows"], "concurrency")
     for row in online["rows"]:
         assert 0 < row["ttft_s_p50"] <= row["latency_s_p50"] and row["request_tok_s_p50"] > 0
+        # Each WeDLM row says how its server scheduled: synchronously with exact rows, the default on
+        # a CPU and, for a model this small, on a GPU.
+        if row["mode"].startswith("wedlm:"):
+            assert (row["scheduling"], row["window_rows"]) == ("sync", "exact"), row
+        else:
+            assert row["mode"] == "wedlm-ar" or "scheduling" not in row, row
     # Both servers up at once, the modes back to back at each point: the same counts and outputs.
     interleaved = bench("online", *common_args(model), "--modes", "ar,wedlm:inf", "--concurrency", "2",
                         "--kinds", "arithmetic", "--interleave", "--json", str(tmp_path / "online-interleaved.json"))

@@ -69,6 +69,9 @@ def test_completion_equals_reference_with_server_and_request_knobs(setup):
     assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20)
     choice = completion(url, max_tokens=20, ignore_eos=True, vllm_xargs=FILL_ALL)
     assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20, tau=1e9)
+    # One fill per step (tau None): JSON null is no vllm_xargs value vLLM takes, the word "none" is.
+    choice = completion(url, max_tokens=20, ignore_eos=True, vllm_xargs={"wedlm_entropy_threshold": "none"})
+    assert choice["token_ids"] == expect(reference, choice["prompt_token_ids"], 20, tau=None)
 
 
 def test_eos_mid_window_ends_the_request_there(setup):
@@ -208,6 +211,18 @@ def test_tokens_per_forward_is_logged(setup):
 DIFFUSION = "vllm:diffusion_num_"  # vLLM's diffusion-decoding counters, filled by WeDLM engines
 
 
+def counted(url: str, before: dict, committed: int, deadline: float) -> dict[str, float]:
+    """The diffusion counters' totals since ``before``, once ``committed`` tokens are counted (the
+    frontend records a step's stats right after handing out its outputs) or ``deadline`` passed."""
+    import time
+
+    while True:
+        delta = {k: v - before.get(k, 0.0) for k, v in prometheus_counters(url, DIFFUSION).items()}
+        if delta.get(f"{DIFFUSION}committed_tokens_total", 0) >= committed or time.monotonic() > deadline:
+            return {name: value for name, value in delta.items() if name.endswith("_total")}
+        time.sleep(0.2)
+
+
 def test_tokens_per_forward_is_in_prometheus_metrics(setup):
     import time
 
@@ -219,14 +234,16 @@ def test_tokens_per_forward_is_in_prometheus_metrics(setup):
     # last 8 need no forward of their own: 3 request-forwards of 8 + 16 + 16 slots.
     completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)
     deadline = time.monotonic() + 30
-    while True:  # the frontend records a step's stats right after handing out its outputs
-        delta = {k: v - before.get(k, 0.0) for k, v in prometheus_counters(url, DIFFUSION).items()}
-        if delta.get(f"{DIFFUSION}committed_tokens_total", 0) >= 24 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    totals = {name: value for name, value in delta.items() if name.endswith("_total")}
-    assert totals == {f"{DIFFUSION}denoising_steps_total": 3.0, f"{DIFFUSION}canvas_positions_total": 40.0,
-                      f"{DIFFUSION}committed_tokens_total": 24.0}
+    assert counted(url, before, 24, deadline) == {f"{DIFFUSION}denoising_steps_total": 3.0,
+                                                  f"{DIFFUSION}canvas_positions_total": 40.0,
+                                                  f"{DIFFUSION}committed_tokens_total": 24.0}
+    # 20 tokens: the same three windows of 8 commit 24, and the last one's 4 past max_tokens are not
+    # returned; the committed counter counts the 20 the request got.
+    before = prometheus_counters(url, DIFFUSION)
+    assert len(completion(url, max_tokens=20, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]) == 20
+    assert counted(url, before, 20, deadline + 30) == {f"{DIFFUSION}denoising_steps_total": 3.0,
+                                                       f"{DIFFUSION}canvas_positions_total": 40.0,
+                                                       f"{DIFFUSION}committed_tokens_total": 20.0}
     # vLLM's own stats line (every second here) would call these counts draft acceptance; the
     # WeDLM line replaces it. Wait until vLLM has logged the interval that saw the decoding.
     while "Avg generation throughput" not in log.read_text() and time.monotonic() < deadline + 30:

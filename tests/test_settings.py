@@ -118,3 +118,16 @@ def test_the_lossless_flag_per_request_over_the_server_default():
     assert not server.request_params({"wedlm_lossless": 0}).lossless
     with pytest.raises(ValueError, match="wedlm_lossless must be true or false"):
         validate({"wedlm_lossless": "true"})
+
+
+def test_one_fill_per_step_is_a_word_where_json_null_cannot_go():
+    from vllm_wedlm.config import WeDLMSettings
+
+    settings = WeDLMSettings.from_additional_config({"decoding": "wedlm"})
+    assert settings.request_params({}).entropy_threshold == 0.4
+    for word in ("none", "None", "NULL", " none "):
+        assert settings.request_params({"wedlm_entropy_threshold": word}).entropy_threshold is None
+    assert WeDLMSettings.from_additional_config({"decoding": "wedlm", "entropy_threshold": "none"}).params \
+        .entropy_threshold is None
+    with pytest.raises(ValueError, match="entropy_threshold must be a positive finite number or None"):
+        validate({"wedlm_entropy_threshold": "nothing"})

@@ -29,6 +29,7 @@ from vllm_wedlm.config import (
     WINDOW_SIZE_KEY,
     WINDOW_TOKENS_KEY,
     asks_for_wedlm,
+    threshold_value,
 )
 from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, DEFAULT_WINDOW_TOKENS
 from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, MODEL_TYPE
@@ -53,7 +54,7 @@ _FLAG_KEYS = {
 
 
 def _threshold(text: str) -> float | None:
-    return None if text.lower() in ("none", "null") else float(text)
+    return None if threshold_value(text) is None else float(text)
 
 
 def _int_or_auto(text: str) -> int | str:

@@ -66,6 +66,9 @@ REQUEST_LOSSLESS = "wedlm_lossless"
 #: "ar" decodes this request one token per forward on a WeDLM engine (same weights, same batches);
 #: "wedlm" (the default there) with the WeDLM window. An AR engine has no WeDLM requests.
 REQUEST_DECODING = "wedlm_decoding"
+#: What asks for one fill per step (``entropy_threshold`` None) where a value must be a word:
+#: ``--wedlm-entropy-threshold none``, and ``vllm_xargs`` over HTTP, where vLLM refuses JSON null.
+NO_THRESHOLD_WORDS = ("none", "null")
 REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY, REQUEST_LOSSLESS)
 
 
@@ -163,7 +166,8 @@ class WeDLMSettings:
         window_size = validate_window_size(window_size)
         window_tokens = None if window_tokens is None else validate_window_tokens(window_tokens)
         params = WeDLMParams(
-            entropy_threshold=additional_config.get(ENTROPY_THRESHOLD_KEY, DEFAULT_PARAMS.entropy_threshold),
+            entropy_threshold=threshold_value(additional_config.get(ENTROPY_THRESHOLD_KEY,
+                                                                    DEFAULT_PARAMS.entropy_threshold)),
             pos_penalty=additional_config.get(POS_PENALTY_KEY, DEFAULT_PARAMS.pos_penalty),
             lossless=additional_config.get(LOSSLESS_KEY, DEFAULT_PARAMS.lossless),
         )
@@ -202,10 +206,18 @@ class WeDLMSettings:
             )
         request_decoding(extra_args)
         return WeDLMParams(
-            entropy_threshold=extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold),
+            entropy_threshold=threshold_value(extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold)),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),
             lossless=request_flag(extra_args, REQUEST_LOSSLESS, self.params.lossless),
         )
+
+
+def threshold_value(value):
+    """An entropy threshold as given, with a word of ``NO_THRESHOLD_WORDS`` (any case) read as None
+    (one fill per step); ``WeDLMParams`` checks the rest."""
+    if isinstance(value, str) and value.strip().lower() in NO_THRESHOLD_WORDS:
+        return None
+    return value
 
 
 def request_flag(extra_args: dict, key: str, default: bool) -> bool:

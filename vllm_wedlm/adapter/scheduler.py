@@ -66,6 +66,9 @@ class WeDLMScheduler(Scheduler):
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
         self._first_windows: dict[str, int] = {}
+        # req_id -> the step's statistics (None when not logged), for each request whose window the
+        # step being updated forwarded: its committed tokens are counted once its output is appended.
+        self._window_stats: dict[str, SpecDecodingStats | None] = {}
         self._last_log = time.monotonic()
 
     def _update_after_schedule(self, scheduler_output) -> None:
@@ -119,6 +122,7 @@ class WeDLMScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
         self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
+        self._window_stats = {}
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -140,18 +144,32 @@ class WeDLMScheduler(Scheduler):
     def _update_request_with_output(self, request, new_token_ids):
         # A window's run in one pass rather than vLLM's token-by-token loop (run_output.py).
         appended = append_run(request, new_token_ids, self.max_model_len)
-        return super()._update_request_with_output(request, new_token_ids) if appended is None else appended
+        if appended is None:
+            appended = super()._update_request_with_output(request, new_token_ids)
+        return self._count_returned(request, appended)
+
+    def _count_returned(self, request, appended: tuple[list[int], bool]) -> tuple[list[int], bool]:
+        """Count what a request whose window this step forwarded got of its run (``appended``: the
+        tokens kept and whether it stopped; max_tokens, EOS and stop tokens cut a run): the committed
+        tokens of the log line and of vLLM's diffusion counter are the tokens users received."""
+        if request.request_id in self._window_stats:
+            stats = self._window_stats.pop(request.request_id)
+            self.commit_stats.committed_tokens += len(appended[0])
+            if stats is not None:
+                stats.num_accepted_tokens += len(appended[0])
+        return appended
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):
         # Called once per request whose window was forwarded (a request decoded AR on this
-        # engine has none), with its draft count and the tokens the step returned (before any
-        # stop trims them): one request-forward.
+        # engine has none), with its draft count and the tokens the step returned before any
+        # stop cuts them: one request-forward. Its committed tokens are counted once the run is
+        # appended (``_count_returned``), from what the request keeps.
         self.commit_stats.request_forwards += 1
         window_tokens = self._forwarded.get(request_id, num_draft_tokens)  # the leading run, then the drafts
         self.commit_stats.window_tokens += window_tokens
-        self.commit_stats.committed_tokens += num_accepted_tokens
         if not self.log_stats:
+            self._window_stats[request_id] = None
             return spec_decoding_stats
         # The frontend's metrics read these as vLLM's diffusion-decoding counters (denoising
         # steps, canvas positions, committed tokens; see adapter/metrics.py). Filled directly:
@@ -161,7 +179,7 @@ class WeDLMScheduler(Scheduler):
             spec_decoding_stats = SpecDecodingStats.new(0)
         spec_decoding_stats.num_drafts += 1
         spec_decoding_stats.num_draft_tokens += window_tokens
-        spec_decoding_stats.num_accepted_tokens += num_accepted_tokens
+        self._window_stats[request_id] = spec_decoding_stats
         return spec_decoding_stats
 
     def shutdown(self) -> None:
@@ -228,10 +246,11 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # whose window (drafts) it forwards.
         self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
 
-    # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
-    # through super(): this engine keeps that loop rather than a copy of that accounting around
-    # append_run (so its runs are appended token by token, as before).
-    _update_request_with_output = AsyncScheduler._update_request_with_output
+    def _update_request_with_output(self, request, new_token_ids):
+        # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
+        # through super() (Scheduler's, next after AsyncScheduler in this class's order): this
+        # engine keeps that loop rather than a copy of that accounting around append_run.
+        return self._count_returned(request, AsyncScheduler._update_request_with_output(self, request, new_token_ids))
 
     def add_request(self, request) -> None:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None

@@ -1,0 +1,285 @@
+"""Exact window rows (``row_layout.py``): each window forwards its own slots, laid out on the host.
+
+The scheduler (``scheduler.py``) sends a window as its leading filled run (tokens already returned
+to vLLM as output, not yet forwarded) followed by its draft tokens, the rest of the window in the
+physical order planned here; vLLM writes the input ids. A step copies its results to the host
+once, and the scheduler reads each next window from the runner's output (``WeDLMRunnerOutput``).
+A step's sampled tokens are each next window's leading filled run: every slot before them is
+decided, so they are returned as soon as they are known, one forward before the forward that
+writes their KV (the same lag as an AR token, streamed the step it is drawn). A prefill without a
+window samples none and, once complete, plans the request's first window (where it could not ride
+with the prompt) or the one it had when it was preempted. Lossless windows return their run once
+verified, when their KV is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
+
+from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.window_step import plan_rows
+from vllm_wedlm.adapter.window_table import packet_width
+from vllm_wedlm.core.batch import (
+    WindowBatch,
+    drop_leading,
+    finish_windows,
+    leading_filled,
+    plan_windows,
+    verification_drafts,
+    verify_windows,
+)
+from vllm_wedlm.core.sampling import accept_drafts, sample
+from vllm_wedlm.core.selection import row_entropy
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+# What a logits row of a step is for.
+MASK_ROW = 0  # a window's mask row: entropy and a draw for the fill
+CHECK_ROW = 1  # a lossless window's leading-run row: checks the next fill (core.sampling.verify)
+AR_NEXT_ROW = 2  # an AR-decoded request's next token (its last row)
+FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row): its window's slot 0
+
+
+class ExactRows(RowLayout):
+    """Exact window rows under vLLM's synchronous scheduling (``row_layout.py``)."""
+
+    def __init__(self, runner, window_step):
+        super().__init__(runner, window_step)
+        # What the last step planned, for the scheduler: each request's next window (its input ids,
+        # physical order) and each window's leading run returned before its forward.
+        self.next_windows: dict[str, list[int]] = {}
+        self.unforwarded: dict[str, int] = {}
+
+    def prepare(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> tuple:
+        """Plan the first windows that came with a prompt; rewrite the RoPE positions of window rows
+        to their logical ones (vLLM computed KV slots from the physical ones); ask for the logits of
+        mask rows, and of a lossless window's leading run (its first rows)."""
+        runner = self.runner
+        batch = self.scheduled(scheduler_output, num_scheduled_tokens)
+        req_ids, states, slots, autoregressive = batch.req_ids, batch.states, batch.slots, batch.autoregressive
+        scheduled_drafts, n, starts, computed = batch.window, batch.n, batch.starts, batch.computed
+        num_reqs = len(req_ids)
+        host = self.table.host
+
+        window = scheduled_drafts & ~autoregressive
+        ar_drafts = scheduled_drafts & autoregressive
+        if ar_drafts.any():
+            row = int(np.argmax(ar_drafts))
+            raise RuntimeError(f"AR request {req_ids[row]} on a WeDLM engine got draft tokens")
+        uncomputed = runner.input_batch.num_tokens_no_spec[:num_reqs] - computed  # [B]: prompt or leading run
+        # A first window, scheduled with the prompt's last rows (adapter/scheduler.py): planned now.
+        first = window & ~np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
+        if first.any():
+            self.start_windows(req_ids, states, first, computed + uncomputed)
+        prompt_rows = np.where(first, uncomputed, 0)  # [B] rows before each window: a first window's prompt
+        wrong = window & (n != prompt_rows + host.length[slots])
+        if wrong.any():
+            row = int(np.argmax(wrong))
+            raise RuntimeError(
+                f"WeDLM request {req_ids[row]}: {n[row] - prompt_rows[row]} tokens scheduled for a window of "
+                f"{host.length[slots[row]]}; the token budget must fit every running window "
+                "(max_num_batched_tokens >= max_num_seqs * 2 * window_size)")
+        completes_prefill = ~scheduled_drafts & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
+        # An AR request draws its next token whenever it forwarded all its tokens (its prompt's
+        # last row first, then each last drawn token's), as vLLM's sampler would.
+        ar_next = completes_prefill & autoregressive
+        # A lossless request draws its first token from the prompt's last row too; after a
+        # preemption it already holds it in its window.
+        lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
+        first_token = completes_prefill & lossless
+        if first_token.any():
+            first_token &= np.fromiter((not s.has_window for s in states), bool, num_reqs)
+        # Logits rows: a lossless window's leading run (its first rows, checked against the AR
+        # prediction), then each request's last rows (a window's masks; an AR request's next token).
+        num_checks = np.where(window & lossless, host.num_commit[slots], 0)  # [B]
+        num_last = np.where(window, host.num_masks[slots], (ar_next | first_token).astype(np.int64))  # [B]
+        num_logits = num_checks + num_last
+
+        # RoPE positions: physical (computed + i) everywhere but in windows, whose row i holds slot
+        # order[i] at logical position start + order[i] (start: where the window begins, after a
+        # first window's prompt rows). vLLM computed the KV slots from the physical positions; only
+        # RoPE sees the logical ones.
+        intra = ragged_arange(n)  # [T]
+        positions = np.repeat(computed, n) + intra  # [T]
+        row_in_window = intra - np.repeat(prompt_rows, n)  # [T]
+        in_window = np.repeat(window, n) & (row_in_window >= 0)  # [T]
+        positions[in_window] = (np.repeat(computed + prompt_rows, n)[in_window]
+                                + host.order[np.repeat(slots, n)[in_window], row_in_window[in_window]])
+        total = len(positions)
+        runner.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
+
+        self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
+                                    ar_next, first_token, computed + n, num_logits, num_checks)
+        k = ragged_arange(num_logits)  # [N] row index inside each request's logits
+        first_rows = np.repeat(starts, num_logits) + k
+        last_rows = np.repeat(starts + n - num_logits, num_logits) + k
+        indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
+        return torch.from_numpy(indices).to(self.device, non_blocking=True), None
+
+    def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
+        """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan
+        every next window, and copy what the host needs in one device-to-host copy."""
+        runner = self.runner
+        step, table = self.step, self.table
+        host = table.host
+        num_reqs = len(step.req_ids)
+        states = [runner.wedlm_requests[req_id] for req_id in step.req_ids]
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
+
+        # The windows forwarded now: this forward wrote the KV of each one's leading run (a
+        # lossless window's first run of accepted fills, known below), which the next plan drops.
+        w_slots = step.slots[step.window]
+        w_checks = step.num_checks[step.window]  # [Bw], > 0 for lossless windows
+        lead = host.num_commit[w_slots]  # [Bw]
+        lossless_runs = host.input_ids[w_slots[step.lossless[step.window]]]  # [Bl, C]: before the table moves on
+        start_len = host.committed_len[w_slots]  # [Bw]
+        runner.wedlm_request_forwards += len(w_slots)
+
+        autoregressive = step.autoregressive
+        new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
+        resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
+        # A plain window's leading run went back to vLLM as output before its forward, so the
+        # re-prefill covered it: such a window resumes one run later, with the same other slots.
+        moved = resumed & ~step.lossless
+        expected_len = host.committed_len[step.slots] + np.where(moved, host.num_commit[step.slots], 0)
+        for row in np.flatnonzero(resumed & (expected_len != step.committed_len)):
+            raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
+                               f"tokens, but its window starts after {expected_len[row]}")
+        plan_slots = np.concatenate([w_slots, step.slots[new], step.slots[moved]])  # [P]
+        num_planned = len(w_slots) + int(new.sum())  # windows planned afresh (not moved)
+        window_size = self.settings.step_window_size(num_planned)  # W of every window planned now
+        self.trace(step.req_ids, np.flatnonzero(step.window | new), window_size)
+        num_rows = int(step.num_logits.sum())
+        verified_commit = w_checks.any()
+        # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
+        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit)
+        row_kind = None if plain else self.row_kinds(step)
+
+        device_out = []
+        tokens = None  # [N]; in a plain step of greedy rows the window step draws them itself
+        if num_rows:
+            sampling = self.sampling_batch(step.num_logits, step.num_ar_rows)
+            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None):
+                tokens = sample(logits, sampling, self.mask_id)
+        if len(plan_slots):
+            # Tokens before each next window: a window's start moves by its committed run, which the
+            # host knows (its leading run) unless the window is lossless (verified on the device).
+            starts = np.concatenate([start_len if verified_commit else start_len + lead, step.committed_len[new],
+                                     step.committed_len[moved]])  # [P]
+            slots_dev, committed_len = plan_rows(plan_slots, starts, self.device)  # [P] each, one copy
+        if plain:
+            runner.wedlm_window_step_runs["steps"] += 1
+            *following, packet = self.window_step(
+                table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
+                window_size, self.max_model_len, self.mask_id)
+            table.windows.store(slots_dev, WindowBatch(*following))
+            device_out.append(packet.flatten())
+        elif len(plan_slots):
+            parts = []
+            sizes: torch.Tensor | int = window_size
+            if len(w_slots):
+                ws = slots_dev[: len(w_slots)]
+                planned = table.windows.rows(ws)
+                verified, commit = None, leading_filled(planned.filled)
+                if verified_commit:
+                    verified, commit = self.verify(planned, tokens, row_kind, w_slots, w_checks, window_size)
+                    device_out.append(commit)
+                mask_rows = row_kind == MASK_ROW
+                mask_logits = self.rows(logits, mask_rows)
+                parts.append(finish_windows(planned, commit, row_entropy(mask_logits), self.rows(tokens, mask_rows),
+                                            table.entropy_threshold[ws], table.pos_penalty[ws], self.mask_id,
+                                            verified))
+            if new.any():
+                fresh = WindowBatch.empty(int(new.sum()), table.capacity, self.mask_id, self.device)
+                lossless_new = step.lossless[new]
+                if lossless_new.any():
+                    # A lossless window starts with the token drawn from the prompt's last row.
+                    first = self.rows(tokens, row_kind == FIRST_TOKEN_ROW)
+                    index = torch.from_numpy(np.flatnonzero(lossless_new)).to(self.device, non_blocking=True)
+                    fresh.tokens[index, 0] = first
+                    fresh.filled[index, 0] = True
+                parts.append(fresh)
+            if moved.any():
+                ms = slots_dev[num_planned:]
+                run = torch.from_numpy(host.num_commit[step.slots[moved]]).to(self.device, non_blocking=True)
+                parts.append(drop_leading(table.windows.rows(ms), run, self.mask_id))
+                # Planned to its own length: the same slots as before the preemption.
+                kept = host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]
+                sizes = torch.from_numpy(np.concatenate([np.full(num_planned, window_size), kept])).to(self.device)
+            if verified_commit:
+                committed_len = torch.cat([committed_len[: len(w_slots)] + commit, committed_len[len(w_slots):]])
+            plan = plan_windows(WindowBatch.cat(parts), sizes, committed_len, self.max_model_len)
+            device_out.append(table.store(slots_dev, plan).flatten())
+        if step.ar_next.any():
+            device_out.append(self.rows(tokens, row_kind == AR_NEXT_ROW))
+        # The step's one device-to-host copy.
+        received = torch.cat(device_out).cpu().numpy() if device_out else np.zeros(0, np.int64)
+        commit = lead
+        if verified_commit:
+            commit, received = received[: len(w_slots)], received[len(w_slots):]
+        packet_size = len(plan_slots) * packet_width(table.capacity)
+        if len(plan_slots):
+            table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1),
+                          np.concatenate([start_len + commit, step.committed_len[new], step.committed_len[moved]]))
+        ar_tokens = received[packet_size:]
+
+        # The step's sampled tokens: a plain window's next leading run (decided now, forwarded
+        # next step), a lossless window's verified run (forwarded now), an AR request's draw.
+        planned_rows = step.window | new | resumed
+        early = planned_rows & ~step.lossless
+        run_len = np.zeros(num_reqs, np.int64)  # [B]
+        run_len[early] = host.num_commit[step.slots[early]]
+        verified_rows = step.window & step.lossless
+        lossless_commit = commit[step.lossless[step.window]]  # [Bl]
+        width = max(2, int(run_len.max(initial=0)), int(lossless_commit.max(initial=0)))  # width 1 keeps -1 padding
+        columns = np.arange(width)
+        sampled = np.full((num_reqs, width), -1, dtype=np.int32)
+        sampled[early] = np.where(columns < run_len[early, None], host.input_ids[step.slots[early], :width], -1)
+        sampled[verified_rows] = np.where(columns < lossless_commit[:, None], lossless_runs[:, :width], -1)
+        sampled[step.ar_next, 0] = ar_tokens
+        for row in np.flatnonzero(step.window | new):
+            states[row].has_window = True
+        next_windows: dict[str, list[int]] = {}
+        for row in np.flatnonzero(planned_rows):
+            slot = step.slots[row]
+            next_windows[step.req_ids[row]] = host.input_ids[slot, run_len[row]: host.length[slot]].tolist()
+        self.next_windows = next_windows
+        self.unforwarded = {step.req_ids[row]: int(run_len[row])
+                                   for row in np.flatnonzero(step.window & (run_len > 0))}
+        # On the host: vLLM's bookkeeping reads it there (no device round trip).
+        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=None)
+
+    def row_kinds(self, step: StepRows) -> np.ndarray:
+        """[N] int8: what each logits row of the step is for (``MASK_ROW`` ...), request by request."""
+        k = ragged_arange(step.num_logits)  # [N]
+        checking = k < np.repeat(step.num_checks, step.num_logits)
+        kind = np.where(checking, CHECK_ROW, MASK_ROW).astype(np.int8)
+        kind[np.repeat(step.ar_next, step.num_logits)] = AR_NEXT_ROW
+        kind[np.repeat(step.first_token, step.num_logits)] = FIRST_TOKEN_ROW
+        return kind
+
+    def verify(self, planned: WindowBatch, tokens: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
+                w_checks: np.ndarray, window_size: int) -> tuple[WindowBatch, torch.Tensor]:
+        """Check the lossless windows' fills against their AR rows' draws (``core.sampling.verify``,
+        ``core.batch.verify_windows``); the windows to fill on and the committed run of every window
+        of the step ([Bw], device). ``window_size``: the W of the windows' next plan."""
+        check_tokens = self.rows(tokens, row_kind == CHECK_ROW)  # [R]: the AR rows' own draws
+        drafts = verification_drafts(torch.from_numpy(self.table.host.input_ids[w_slots]),
+                                     torch.from_numpy(w_checks))  # [R], on the host: no device sync
+        accepted = accept_drafts(check_tokens, drafts.to(self.device, non_blocking=True))
+        return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
+                              check_tokens, window_size, self.mask_id)
+
+    def runner_output(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """vLLM's output with each request's next window, which the scheduler sends as drafts."""
+        if not isinstance(output, ModelRunnerOutput):
+            return output
+        values = {f.name: getattr(output, f.name) for f in fields(output)}
+        return WeDLMRunnerOutput(**values, next_windows=self.next_windows, unforwarded=self.unforwarded)

@@ -1,0 +1,304 @@
+"""Fixed window rows (``row_layout.py``): what vLLM's async scheduling runs.
+
+Under async scheduling vLLM schedules step n+1 while step n runs, so neither the scheduler nor the
+host knows a window's slots when its rows are laid out. Each window therefore forwards up to 2W
+rows (``scheduler.FixedRowsScheduler`` decides how many) whose input ids and positions are
+gathered from the device table, and a step's WeDLM work (``window_step.fixed_rows_window_step``)
+reads and writes only that table: no device-to-host copy, so the host runs ahead. What a step
+returns (each window's leading run, an AR request's draw) goes back as vLLM's sampled tokens, a
+device tensor that vLLM copies to the host after the next step is launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from vllm.v1.outputs import SamplerOutput
+
+from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.window_step import check_rows, leading_runs
+from vllm_wedlm.config import max_window_tokens
+from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows
+from vllm_wedlm.core.sampling import sample
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+
+def only_waits(scheduler_output: SchedulerOutput) -> bool:
+    """Whether a step schedules nothing and changes no request (a step of async scheduling that
+    only waits for the one in flight)."""
+    return not (scheduler_output.total_num_scheduled_tokens or scheduler_output.finished_req_ids
+                or scheduler_output.preempted_req_ids or scheduler_output.free_encoder_mm_hashes
+                or scheduler_output.new_block_ids_to_zero or scheduler_output.kv_cache_block_copies)
+
+
+class FixedRows(RowLayout):
+    """Fixed window rows under vLLM's async scheduling (``row_layout.py``)."""
+
+    fixed_rows = True
+
+    def __init__(self, runner, window_step):
+        super().__init__(runner, window_step)
+        # The step's windows: slots, leading runs, starts and rows (device, [Bw] each), whether all
+        # forwarded 2W rows, and which are lossless (device [Bw] bool, or None when none is).
+        self.forwarded: tuple = ()
+        # Each AR-decoded request's last draw, per slot (the next step's input).
+        self.ar_draws = torch.zeros(runner.max_num_reqs, dtype=torch.long, device=self.device)
+        # Steps whose windows all forwarded 2W rows ("padded") and the others ("exact": the
+        # scheduler's gate chose each window's own rows, or a predicted run's), and the windows that
+        # were void for a step (their run outgrew the prediction), counted on the device.
+        self.layouts: Counter[str] = Counter()
+        self.void_windows = torch.zeros((), dtype=torch.long, device=self.device)
+
+    def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
+        # Async scheduling's step that waits for the one in flight (the scheduler's gate holds its
+        # windows back): vLLM would take every request out of the persistent batch, as unscheduled,
+        # only to add them all again next step (host work that grows with the batch).
+        return only_waits(scheduler_output)
+
+    def counts(self) -> dict[str, int]:
+        return {**self.layouts, "void_windows": int(self.void_windows)}  # one device sync, here
+
+    def prepare(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> tuple:
+        """Each window's rows, up to Q = 2W, laid out from the device table (the host may not know the
+        window yet, when the step before is still running). Its logits rows are R per window
+        (``logits_rows_per_window``):
+        a plain window's R after its leading run, which hold every mask row unless the window is void
+        (given fewer rows than it has, for a run longer than the scheduler predicted:
+        ``fixed_rows_window_step``); a lossless window's first R, its whole window (the scheduler gives
+        it Q rows). Then the last row of each request that draws a next token: an AR-decoded one
+        (``ar_input_ids``), and a lossless one whose prompt ended (its window's slot 0)."""
+        runner = self.runner
+        batch = self.scheduled(scheduler_output, num_scheduled_tokens)
+        req_ids, states, slots, autoregressive = batch.req_ids, batch.states, batch.slots, batch.autoregressive
+        window, n, starts, computed, num_drafts = batch.window, batch.n, batch.starts, batch.computed, batch.num_drafts
+        num_reqs = len(req_ids)
+        lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
+        first = window & ~has_window  # [B]: a first window, after its prompt's last rows
+        prompt_rows = np.where(first, n - num_drafts, 0)  # [B]
+        if first.any():
+            self.start_windows(req_ids, states, first, computed + prompt_rows)
+        if (window & autoregressive).any():
+            raise RuntimeError(f"AR request {req_ids[int(np.argmax(window & autoregressive))]} on a WeDLM engine "
+                               "got draft tokens")
+        completes_prefill = ~window & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
+        ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
+        first_token = completes_prefill & lossless & ~has_window  # [B] draws its window's slot 0 from its last row
+        rows_per_window = self.logits_rows_per_window(window & lossless)
+        self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
+                                    ar_next, first_token, computed + n,
+                                    np.where(window, rows_per_window, (ar_next | first_token).astype(np.int64)),
+                                    np.zeros(num_reqs, np.int64))
+        ar_rows = self.ar_input_ids(req_ids, slots, autoregressive, ar_next | first_token, starts, n)  # [Bd] device
+        b = np.flatnonzero(window)  # [Bw] batch rows of windows
+        if not len(b):
+            return ar_rows, None
+        table = self.table
+        rows = n[b] - prompt_rows[b]  # [Bw] window rows: Q when pipelined, else each window's own
+        q = max_window_tokens(self.settings.window_size)
+        for i in np.flatnonzero(rows > q):
+            # The layout below indexes the table by these rows on the device: say which request,
+            # rather than a device-side index assert later.
+            raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
+                               f"2W = {q} (fixed window rows)")
+        padded = True  # every window 2W rows, none void
+        if has_window[b].any():  # a first window forwards its W masks after the prompt either way
+            padded = (rows[has_window[b]] == q).all()
+            self.layouts["padded" if padded else "exact"] += 1
+        first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
+        row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
+        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless;
+        # each window row's index and window.
+        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b]])
+        index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + ragged_arange(rows),
+                                                 row_of])).to(self.device, non_blocking=True)
+        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless = index[: 6 * len(b)].view(6, len(b))
+        flat_rows, flat_window = index[6 * len(b):].view(2, -1)
+        flat_i = flat_rows - w_first[flat_window]  # [Tw] physical row inside its window
+        start = table.committed_len[w_slots]  # [Bw] tokens before each window (its KV frontier)
+        # Physical positions (KV slots) from the window's real start, then RoPE's logical ones.
+        runner.num_computed_tokens[w_batch] = (start - w_prompt).to(runner.num_computed_tokens.dtype)
+        total = scheduler_output.total_num_scheduled_tokens
+        runner.positions[:total] = (runner.num_computed_tokens[runner.req_indices.gpu[:total]].to(torch.int64)
+                                  + runner.query_pos.gpu[:total])
+        runner.seq_lens[:num_reqs] = runner.num_computed_tokens[:num_reqs] + runner.num_scheduled_tokens.gpu[:num_reqs]
+        runner.input_batch.block_table.compute_slot_mapping(num_reqs, runner.query_start_loc.gpu[: num_reqs + 1],
+                                                          runner.positions[:total])
+        order = table.order[w_slots[flat_window], flat_i]  # [Tw] the slot fed at each window row
+        runner.positions[flat_rows] = start[flat_window] + order
+        input_ids = table.windows.tokens[w_slots[flat_window], order]  # [Tw]
+        runner.input_ids.gpu[flat_rows] = input_ids.to(runner.input_ids.gpu.dtype)
+        # Logits: R rows of each window, in physical order: a plain window's after its leading run
+        # (its masks are among them), a lossless window's from its first (its leading run checks).
+        run = leading_filled(table.windows.filled[w_slots])  # [Bw]
+        w_lossless = w_lossless.bool() if (window & lossless).any() else None  # [Bw]
+        from_row = run if w_lossless is None else torch.where(w_lossless, 0, run)  # [Bw]
+        k = torch.arange(rows_per_window, device=self.device)[None]  # [1, R]
+        logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
+        self.forwarded = (w_slots, run, start, w_rows, padded, w_lossless)
+        return torch.cat([logits_rows.flatten(), ar_rows]), None
+
+    def logits_rows_per_window(self, lossless_windows: np.ndarray) -> int:
+        """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window
+        has (the server's W; an adaptive window's is at most that), or, in a step with a lossless
+        window ([B] bool), the most rows a window has (2W), which its verification reads."""
+        window_size = self.settings.window_size
+        return max_window_tokens(window_size) if lossless_windows.any() else window_size
+
+    def ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, draws: np.ndarray,
+                     starts: np.ndarray, n: np.ndarray) -> torch.Tensor:
+        """The logits rows of the requests that draw a next token this step (``draws``
+        [B] bool, an AR-decoded request's or a lossless request's first), the last row of each ([Bd]
+        device row indices), and the input ids of AR-decoded requests ([B] bool ``autoregressive``).
+
+        Under async scheduling vLLM keeps a request's draw on the device and its host copy of the
+        tokens holds -1 there; its own scatter of the last step's draws is off with fixed rows
+        (``before_input_ids``). An AR request's row that holds -1 is its last draw, kept on the
+        device per slot (``ar_draws``, written by the step that drew it). vLLM sends the
+        real tokens of a request that skipped a step, so -1 is only ever its last row."""
+        runner = self.runner
+        if not draws.any():  # the usual step: no scan of its rows, no copy
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        rows = starts[draws] + n[draws] - 1  # [Bd]
+        stale = np.zeros(0, np.int64)
+        if autoregressive.any():
+            batch_row = np.repeat(np.arange(len(n)), n)  # [T] the request of each row
+            stale = np.flatnonzero(autoregressive[batch_row] & (runner.input_ids.np[: len(batch_row)] < 0))  # [S]
+            unknown = stale[~np.isin(stale, rows)]
+            if len(unknown):
+                raise RuntimeError(f"AR request {req_ids[batch_row[unknown[0]]]}: an input token is known neither "
+                                   "on the host nor on the device")
+            stale_slots = slots[batch_row[stale]]
+        index = torch.from_numpy(np.concatenate([rows, stale, stale_slots if len(stale) else stale])).to(
+            self.device, non_blocking=True)
+        if len(stale):
+            runner.input_ids.gpu[index[len(rows): len(rows) + len(stale)]] = (
+                self.ar_draws[index[len(rows) + len(stale):]].to(runner.input_ids.gpu.dtype))
+        return index[: len(rows)]
+
+    def before_input_ids(self) -> None:
+        # Async scheduling keeps the last step's draws on the device to scatter them into the next
+        # input ids; a window's rows come from the table instead (``prepare``), an AR request's
+        # last draw from ``ar_draws`` (``ar_input_ids``).
+        self.runner.input_batch.prev_sampled_token_ids = None
+
+    def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
+        """With no device-to-host copy: finish the forwarded windows
+        from their R logits rows each, plan every next window (also the first one after a prompt, and
+        a preempted request's after its re-prefill) into the table, and return what each window
+        returns now (``fixed_rows_window_step``), padded with -1, as the step's sampled tokens (a
+        device tensor); an AR-decoded request's draw is its first column."""
+        runner, step, table, mask_id = self.runner, self.step, self.table, self.mask_id
+        num_reqs = len(step.req_ids)
+        states = [runner.wedlm_requests[req_id] for req_id in step.req_ids]
+        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
+        windowed = step.completes_prefill & ~step.autoregressive
+        new = windowed & ~has_window  # [B] first window after the prompt
+        resumed = windowed & has_window  # [B] re-prefilled after a preemption
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        # W of every window planned now (an adaptive window's follows the step's count of them).
+        window_size = self.settings.step_window_size(len(window_rows) + int(new.sum()))
+        rows_per_window = self.logits_rows_per_window(step.window & step.lossless)
+        width = max(2, rows_per_window)
+        sampled = None  # [Bw, width] int32: what each window returns now
+        num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        if step.window.any():
+            w_slots, run, start, rows, padded, w_lossless = self.forwarded
+            runner.wedlm_request_forwards += len(window_rows)
+            window_logits = logits[:num_window_logits]
+            sampling = self.sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(num_reqs, np.int64))
+            tokens = None  # greedy: drawn inside the step
+            if sampling.temperature is not None:
+                if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
+                    ban = ~check_rows(w_lossless, run, rows_per_window).flatten()  # [Bw * R]
+                    sampling = dataclasses.replace(sampling, ban_mask_token=ban)
+                tokens = sample(window_logits, sampling, mask_id)
+            runner.wedlm_window_step_runs["steps"] += 1
+            *windows, order, committed_len, sampled, void = self.window_step(
+                table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
+                table.pos_penalty, window_size, self.max_model_len, mask_id, rows_per_window, w_lossless)
+            table.keep(w_slots, WindowBatch(*windows), order, committed_len)
+            if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
+                self.void_windows = self.void_windows + void.sum()
+        if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
+            every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+            draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
+            ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
+            index = torch.from_numpy(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]])).to(
+                self.device, non_blocking=True)
+            if sampled is not None:
+                every[index[: len(window_rows)]] = sampled
+            first_tokens = None
+            if len(draw_rows):
+                # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
+                draws = (step.ar_next | step.first_token).astype(np.int64)
+                drawn = sample(logits[num_window_logits:], self.sampling_batch(draws, draws), mask_id)  # [Bd]
+                is_ar = step.ar_next[draw_rows]  # [Bd]
+                if is_ar.all():
+                    ar_drawn = drawn
+                else:
+                    ar_drawn = self.rows(drawn, is_ar)
+                    first_tokens = self.rows(drawn, ~is_ar)  # [new lossless], in batch order
+                if len(ar_rows):
+                    every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = ar_drawn.to(torch.int32)
+                    self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
+            sampled = every
+            self.start_after_prefill(step, new, resumed, sampled, window_size, first_tokens)
+        planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
+        for row in planned_afresh:
+            states[row].has_window = True
+        self.trace(step.req_ids, planned_afresh, window_size)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
+    def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
+                            window_size: int, first_tokens: torch.Tensor | None) -> None:
+        """Plan the windows of the ``new`` ([B] bool) requests, whose prompt ended
+        this step, and of the ``resumed`` plain ones, re-prefilled after a preemption, into the table,
+        and write each plain one's leading run into its row of ``sampled`` ([B, width]).
+
+        A new lossless window starts with its slot 0 filled by ``first_tokens`` ([new lossless], batch
+        order), the draw of its prompt's last row, and returns nothing before that slot's KV is
+        written. A resumed lossless window is kept as it was: it had returned only tokens whose KV
+        was written, which the re-prefill wrote again, so it starts where it did."""
+        table, mask_id = self.table, self.mask_id
+        resumed = resumed & ~step.lossless
+        num_new, num_resumed = int(new.sum()), int(resumed.sum())
+        if not num_new + num_resumed:
+            return
+        new_lossless = step.lossless[new]  # [num_new]
+        host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new],
+                                                np.flatnonzero(new), np.flatnonzero(resumed),
+                                                np.flatnonzero(new_lossless)]))
+        new_slots, resumed_slots, new_starts, rows, lossless_index = host.to(self.device, non_blocking=True).split(
+            [num_new, num_resumed, num_new, num_new + num_resumed, int(new_lossless.sum())])
+        parts, starts, sizes = [], [], []
+        if num_new:
+            fresh = WindowBatch.empty(num_new, table.capacity, mask_id, self.device)
+            if new_lossless.any():
+                fresh.tokens[lossless_index, 0] = first_tokens
+                fresh.filled[lossless_index, 0] = True
+            parts.append(fresh)
+            starts.append(new_starts)  # after the prompt
+            sizes.append(torch.full_like(new_slots, window_size))
+        if num_resumed:
+            # Its leading run went back as output before the preemption and was re-prefilled.
+            kept = table.windows.rows(resumed_slots)
+            lead = leading_filled(kept.filled)
+            parts.append(drop_leading(kept, lead, mask_id))
+            starts.append(table.committed_len[resumed_slots] + lead)
+            sizes.append(kept.length - lead)  # the same slots as before the preemption
+        committed_len = torch.cat(starts)
+        plan = plan_windows(WindowBatch.cat(parts), torch.cat(sizes), committed_len, self.max_model_len)
+        table.keep(torch.cat([new_slots, resumed_slots]), plan.windows, plan.order, committed_len)
+        returned = leading_runs(plan, sampled.shape[1])  # [P, width]
+        if new_lossless.any():  # a lossless window's slot 0 goes back once verified (its KV written)
+            silent = torch.from_numpy(np.concatenate([new_lossless, np.zeros(num_resumed, bool)]))
+            returned = torch.where(silent.to(self.device, non_blocking=True)[:, None], -1, returned)
+        sampled[rows] = returned
+

@@ -1,0 +1,190 @@
+"""How a WeDLM step lays out its rows: the interface of the two layouts, and what they share.
+
+The runner (``model_runner.py``) picks one layout at start-up, from the engine's settings, and
+hands it the three moments of a step that differ between them:
+
+* ``ExactRows`` (``exact_rows.py``): each window forwards exactly its own slots, laid out from the
+  host's copy of the window table, and the step copies its results to the host once. vLLM's
+  synchronous scheduling, on the CPU and for a host-bound model on a GPU.
+* ``FixedRows`` (``fixed_rows.py``): each window forwards up to 2W rows laid out on the device, and
+  the step never waits for the host, so vLLM's async scheduling can plan the next step while this
+  one runs. The default on a GPU for a model whose forward hides the host's work.
+
+A layout never changes while the engine runs: the scheduler that matches it is chosen with it
+(``config_hook.py``), and the two disagree on what a step returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
+
+from vllm_wedlm.core.batch import WindowBatch, plan_windows
+from vllm_wedlm.core.sampling import SamplingBatch
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from vllm_wedlm.adapter.model_runner import RequestState, WeDLMRunnerMixin
+
+
+@dataclass
+class StepRows:
+    """What each request of the input batch does in the current step ([B] arrays, batch order)."""
+
+    req_ids: list[str]
+    slots: np.ndarray  # int64, WindowTable slot
+    autoregressive: np.ndarray  # bool: a request decoded AR on this engine (wedlm_decoding: ar)
+    window: np.ndarray  # bool: forwards its WeDLM window
+    completes_prefill: np.ndarray  # bool: forwards up to the request's last token, no window
+    lossless: np.ndarray  # bool: a WeDLM request whose fills are verified (WeDLMParams.lossless)
+    ar_next: np.ndarray  # bool: draws the next token from its last row (AR requests, every full step)
+    first_token: np.ndarray  # bool: a lossless request draws its first token from the prompt's last row
+    committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
+    num_logits: np.ndarray  # int64: logits rows: num_checks first rows, then the request's last ones
+    num_checks: np.ndarray  # int64: a lossless window's verification rows (its leading run, first rows)
+
+    @property
+    def num_ar_rows(self) -> np.ndarray:
+        """[B] int64: next-token rows among each request's logits rows (the first ones)."""
+        return self.num_checks + (self.ar_next | self.first_token)
+
+
+@dataclass
+class ScheduledBatch:
+    """vLLM's input batch of a step as both layouts read it ([B] arrays, batch order)."""
+
+    req_ids: list[str]
+    states: list[RequestState]
+    slots: np.ndarray  # int64, WindowTable slot
+    autoregressive: np.ndarray  # bool: decoded AR on this engine (wedlm_decoding: ar)
+    window: np.ndarray  # bool: the scheduler sent drafts, the request's window
+    num_drafts: np.ndarray  # int64: draft tokens scheduled
+    n: np.ndarray  # int64: rows forwarded
+    starts: np.ndarray  # int64: the request's first row in the step
+    computed: np.ndarray  # int64: vLLM's num_computed_tokens (with fixed rows, a bound in a window)
+
+
+def ragged_arange(counts: np.ndarray) -> np.ndarray:
+    """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ... (the index inside each segment)."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+class RowLayout:
+    """The part of a WeDLM step that depends on how windows lay out their rows.
+
+    A subclass implements ``prepare`` and ``sample`` and may change the other three hooks. It reads
+    and writes vLLM's input buffers through ``runner`` (the model runner it serves) and keeps the
+    windows in the runner's ``WindowTable``.
+    """
+
+    # Whether windows forward a fixed number of rows (what ``window_step.compiled_window_step`` compiles).
+    fixed_rows = False
+
+    def __init__(self, runner: WeDLMRunnerMixin, window_step):
+        self.runner = runner
+        self.settings = runner.wedlm
+        self.table = runner.wedlm_table
+        self.mask_id = runner.wedlm_mask_id
+        self.device = runner.device
+        self.max_model_len = runner.max_model_len
+        self.window_step = window_step  # the step's device work (``window_step.py``); compiled on a GPU
+        self.step: StepRows | None = None  # the step in flight, from ``prepare`` to ``sample``
+
+    # The interface, in the order vLLM calls it.
+    def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether the runner may skip vLLM's batch update for this step (a step that changes nothing)."""
+        return False
+
+    def prepare(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> tuple:
+        """After vLLM's ``_prepare_inputs``: plan first windows, write the window rows' positions (and
+        input ids where the layout lays them out), and return the step's logits rows (device row
+        indices) and None, as vLLM's ``_prepare_inputs`` returns them."""
+        raise NotImplementedError
+
+    def before_input_ids(self) -> None:
+        """Before vLLM's ``_prepare_input_ids``."""
+
+    def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
+        """The step's WeDLM work on its logits rows, in place of vLLM's sampler."""
+        raise NotImplementedError
+
+    def runner_output(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """What the runner returns to the scheduler for the step (vLLM's, or more)."""
+        return output
+
+    def counts(self) -> dict[str, int]:
+        """The layout's own counters (``WeDLMWorkerMixin.wedlm_row_layouts``)."""
+        return {}
+
+    # What both layouts use.
+    def scheduled(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> ScheduledBatch:
+        """The step's input batch, once vLLM's ``_prepare_inputs`` has laid it out."""
+        runner = self.runner
+        num_reqs = runner.input_batch.num_reqs
+        req_ids = runner.input_batch.req_ids[:num_reqs]
+        states = [runner._request_state(req_id) for req_id in req_ids]
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        return ScheduledBatch(
+            req_ids=list(req_ids), states=states,
+            slots=np.fromiter((s.slot for s in states), np.int64, num_reqs),
+            autoregressive=np.fromiter((s.autoregressive for s in states), bool, num_reqs),
+            window=np.fromiter((req_id in drafts for req_id in req_ids), bool, num_reqs),
+            num_drafts=np.fromiter((len(drafts.get(req_id, ())) for req_id in req_ids), np.int64, num_reqs),
+            n=num_scheduled_tokens[:num_reqs].astype(np.int64),
+            starts=runner.query_start_loc.np[:num_reqs].astype(np.int64),
+            computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64))
+
+    def trace(self, req_ids: list[str], rows, window_size: int) -> None:
+        """Record W for the windows of the batch ``rows`` planned now, while a trace is on."""
+        trace = self.runner.wedlm_window_trace
+        if trace is not None:
+            for row in rows:
+                trace.setdefault(req_ids[row], []).append(window_size)
+
+    def rows(self, values: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
+        """The ``chosen`` ([N] bool, host) rows of ``values`` ([N, ...], device); no copy when all are."""
+        if chosen.all():
+            return values
+        return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
+
+    def start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
+                      committed_len: np.ndarray) -> None:
+        """Plan the first window of the ``first`` ([B] bool) requests, which start after
+        ``committed_len`` ([B]) tokens: empty windows of the server's W (the scheduler adds first
+        windows only where W is fixed), planned on the host as ``sample`` plans them after a
+        prefill (``core.batch.plan_windows``), then kept in the table."""
+        rows = np.flatnonzero(first)
+        if any(states[row].params.lossless for row in rows):
+            raise RuntimeError(f"lossless WeDLM request {req_ids[rows[0]]} got a window before its first token")
+        window_size = self.settings.window_size
+        starts = committed_len[rows]
+        plan = plan_windows(WindowBatch.empty(len(rows), self.table.capacity, self.mask_id),
+                            window_size, torch.from_numpy(starts), self.max_model_len)
+        self.table.start(np.array([states[row].slot for row in rows], np.int64), plan, starts)
+        self.trace(req_ids, rows, window_size)
+
+    def sampling_batch(self, counts: np.ndarray, num_ar_rows: np.ndarray) -> SamplingBatch:
+        """Per-row sampling settings of ``counts[i]`` ([B]) logits rows of each request of the step, the
+        first ``num_ar_rows[i]`` of them next-token rows, from vLLM's input batch."""
+        meta = self.runner.input_batch.sampling_metadata
+        # Mask rows never draw the mask token; a next-token row may (as in --decoding ar).
+        ar_rows = ragged_arange(counts) < np.repeat(num_ar_rows, counts)  # [N]
+        ban = torch.from_numpy(~ar_rows).to(self.device, non_blocking=True) if ar_rows.any() else None
+        if meta.all_greedy:
+            return SamplingBatch(None, None, None, ban)
+        rows = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(self.device, non_blocking=True)
+        starts = np.cumsum(counts) - counts
+        return SamplingBatch(
+            temperature=meta.temperature[rows],
+            top_k=None if meta.top_k is None else meta.top_k[rows].long(),
+            top_p=None if meta.top_p is None else meta.top_p[rows].float(),
+            ban_mask_token=ban,
+            generators=[(int(starts[row]), int(counts[row]), gen) for row, gen in meta.generators.items()
+                        if row < len(counts) and counts[row]],
+        )
