@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -31,38 +30,13 @@ from vllm.v1.outputs import SamplerOutput
 
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
-from vllm_wedlm.adapter.row_layout import RowLayout
+from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
-from vllm_wedlm.core.params import WeDLMParams
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
-
-
-@dataclass
-class RequestState:
-    """The runner's state of one request in WeDLM mode, kept from its first step to its end.
-
-    vLLM's scheduler knows a window only as the request's output tokens not yet forwarded (its
-    leading filled run) and its draft tokens; it drops the drafts when it preempts the request
-    (and sets ``num_computed_tokens`` to 0), while the output tokens stay in the request and are
-    re-prefilled. So the window (tokens, which slots are filled, its physical order) lives in the
-    runner's ``WindowTable`` at ``slot`` and survives preemption: the next forward after the
-    re-prefill is the one the request would have run without it, so its output does not depend on
-    preemption.
-    """
-
-    slot: int
-    params: WeDLMParams
-    has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
-    # A request that asked for ``wedlm_decoding: "ar"``: no window. Each step forwards the tokens
-    # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
-    # token from the last row, as vLLM's own sampler does in --decoding ar.
-    autoregressive: bool = False
-
-
 
 
 # What ``_calc_spec_decode_metadata`` returns: vLLM's ``_prepare_inputs`` reads only its logits rows.

@@ -24,12 +24,33 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
+from vllm_wedlm.core.params import WeDLMParams
 from vllm_wedlm.core.sampling import SamplingBatch
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
-    from vllm_wedlm.adapter.model_runner import RequestState, WeDLMRunnerMixin
+
+@dataclass
+class RequestState:
+    """The runner's state of one request in WeDLM mode, kept from its first step to its end.
+
+    vLLM's scheduler knows a window only as the request's output tokens not yet forwarded (its
+    leading filled run) and its draft tokens; it drops the drafts when it preempts the request
+    (and sets ``num_computed_tokens`` to 0), while the output tokens stay in the request and are
+    re-prefilled. So the window (tokens, which slots are filled, its physical order) lives in the
+    runner's ``WindowTable`` at ``slot`` and survives preemption: the next forward after the
+    re-prefill is the one the request would have run without it, so its output does not depend on
+    preemption.
+    """
+
+    slot: int
+    params: WeDLMParams
+    has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
+    # A request that asked for ``wedlm_decoding: "ar"``: no window. Each step forwards the tokens
+    # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
+    # token from the last row, as vLLM's own sampler does in --decoding ar.
+    autoregressive: bool = False
 
 
 @dataclass
@@ -86,7 +107,7 @@ class RowLayout:
     # Whether windows forward a fixed number of rows (what ``window_step.compiled_window_step`` compiles).
     fixed_rows = False
 
-    def __init__(self, runner: WeDLMRunnerMixin, window_step):
+    def __init__(self, runner, window_step):  # runner: model_runner.WeDLMRunnerMixin
         self.runner = runner
         self.settings = runner.wedlm
         self.table = runner.wedlm_table
