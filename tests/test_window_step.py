@@ -204,7 +204,7 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
         logits = logits_of_rows(len(slots) * window_size if fixed_rows else num_masks)
         tokens = None if rng.random() < 0.5 else sample(logits, SamplingBatch(None, None, None, None), M)
         slots_t, starts = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"))
-        if fixed_rows:  # slots and rows two rows of one tensor, as _prepare_fixed_rows makes them
+        if fixed_rows:  # slots and rows two rows of one tensor, as FixedRows.prepare makes them
             slots_t, rows = plan_rows(np.array(slots), np.full(len(slots), 2 * window_size), torch.device("cpu"))
             run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
             return (table.windows, table.order, slots_t, logits, tokens, run, starts, rows, table.entropy_threshold,

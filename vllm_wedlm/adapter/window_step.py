@@ -199,7 +199,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             logits = logits_of_rows(windows * masks)
             tokens = None if greedy else _greedy(logits, table.mask_id)
             # Slots and, in one copy, the windows' starts (fixed rows: the rows each forwards, as
-            # _prepare_fixed_rows makes them, which gathers runs and starts from the table).
+            # FixedRows.prepare makes them, which gathers runs and starts from the table).
             second = np.full(windows, 2 * window_size) if fixed_rows else np.zeros(windows, np.int64)
             slots, starts_or_rows = plan_rows(np.arange(windows), second, table.device)
             if fixed_rows:
