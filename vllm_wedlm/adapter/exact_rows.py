@@ -130,8 +130,7 @@ class ExactRows(RowLayout):
         step, table = self.step, self.table
         host = table.host
         num_reqs = len(step.req_ids)
-        states = [runner.wedlm_requests[req_id] for req_id in step.req_ids]
-        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
+        states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.
@@ -142,9 +141,6 @@ class ExactRows(RowLayout):
         start_len = host.committed_len[w_slots]  # [Bw]
         runner.wedlm_request_forwards += len(w_slots)
 
-        autoregressive = step.autoregressive
-        new = step.completes_prefill & ~autoregressive & ~has_window  # first window after the prompt
-        resumed = step.completes_prefill & ~autoregressive & has_window  # re-prefilled after preemption
         # A plain window's leading run went back to vLLM as output before its forward, so the
         # re-prefill covered it: such a window resumes one run later, with the same other slots.
         moved = resumed & ~step.lossless

@@ -196,11 +196,7 @@ class FixedRows(RowLayout):
         device tensor); an AR-decoded request's draw is its first column."""
         runner, step, table, mask_id = self.runner, self.step, self.table, self.mask_id
         num_reqs = len(step.req_ids)
-        states = [runner.wedlm_requests[req_id] for req_id in step.req_ids]
-        has_window = np.fromiter((s.has_window for s in states), bool, num_reqs)
-        windowed = step.completes_prefill & ~step.autoregressive
-        new = windowed & ~has_window  # [B] first window after the prompt
-        resumed = windowed & has_window  # [B] re-prefilled after a preemption
+        states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         window_rows = np.flatnonzero(step.window)  # [Bw]
         # W of every window planned now (an adaptive window's follows the step's count of them).
         window_size = self.settings.step_window_size(len(window_rows) + int(new.sum()))

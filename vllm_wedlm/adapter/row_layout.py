@@ -161,6 +161,15 @@ class RowLayout:
             starts=runner.query_start_loc.np[:num_reqs].astype(np.int64),
             computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64))
 
+    def prompt_ends(self, step: StepRows) -> tuple[list[RequestState], np.ndarray, np.ndarray]:
+        """The step's request states, and which WeDLM-decoded rows finished a prompt with it: ``new``
+        ([B] bool) starts its first window now; ``resumed`` ([B] bool) was re-prefilled after a
+        preemption and keeps the window it had."""
+        states = [self.runner.wedlm_requests[req_id] for req_id in step.req_ids]
+        has_window = np.fromiter((s.has_window for s in states), bool, len(states))
+        windowed = step.completes_prefill & ~step.autoregressive
+        return states, windowed & ~has_window, windowed & has_window
+
     def trace(self, req_ids: list[str], rows, window_size: int) -> None:
         """Record W for the windows of the batch ``rows`` planned now, while a trace is on."""
         trace = self.runner.wedlm_window_trace
