@@ -131,6 +131,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("multi-gpu.json"))
     parser.add_argument("--logs", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
+    args.logs.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.model, args.prompts)
     names = args.configs.split(",")
     results, failures = {}, []
