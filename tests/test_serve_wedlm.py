@@ -98,6 +98,30 @@ def test_lossless_requests_through_vllm_xargs(setup):
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole
 
 
+def test_logit_bias_allowed_token_ids_and_min_p_over_http(setup):
+    """OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` and ``min_p`` in WeDLM mode (tests/
+    test_logit_edits.py has the engine-level proof): lossless equals per-request AR with the same
+    edits, streamed or not; plain WeDLM keeps its tokens inside them; min_p 1 samples greedily."""
+    from collections import Counter
+
+    url, *_ = setup
+    free = completion(url, max_tokens=24, ignore_eos=True)["token_ids"]
+    banned = Counter(free).most_common(1)[0][0]
+    allowed = sorted((set(free) | set(range(100, 140))) - {banned})
+    edits = {"max_tokens": 24, "ignore_eos": True, "logit_bias": {str(banned): -100}, "allowed_token_ids": allowed}
+    ar = completion(url, vllm_xargs={"wedlm_decoding": "ar"}, **edits)["token_ids"]
+    lossless = completion(url, vllm_xargs={"wedlm_lossless": True}, **edits)
+    plain = completion(url, **edits)["token_ids"]
+    assert lossless["token_ids"] == ar != free[:len(ar)]
+    for ids in (ar, plain):
+        assert len(ids) == 24 and banned not in ids and set(ids) <= set(allowed)
+    body = {"prompt": PROMPT, "temperature": 0, "vllm_xargs": {"wedlm_lossless": True}, "stream": True, **edits}
+    events = sse_events(post(url, "/v1/completions", body, stream=True))
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == lossless["text"]
+    sampled = completion(url, max_tokens=24, ignore_eos=True, temperature=1.0, min_p=1.0, seed=5)
+    assert sampled["token_ids"] == free
+
+
 def test_stop_token_ids_and_max_tokens_are_exact(setup):
     url, reference, eos, _ = setup
     full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]

@@ -131,6 +131,8 @@ class ExactRows(RowLayout):
         host = table.host
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        if logits is not None:  # rows grouped by request, step.num_logits each
+            logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.

@@ -204,6 +204,9 @@ class FixedRows(RowLayout):
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        if logits is not None:
+            logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window),
+                                                                 np.flatnonzero(step.ar_next | step.first_token)]))
         if step.window.any():
             w_slots, run, start, rows, padded, w_lossless = self.forwarded
             runner.wedlm_request_forwards += len(window_rows)

@@ -34,6 +34,7 @@ from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
+from vllm_wedlm.core.logit_edits import LogitEdits
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -130,9 +131,12 @@ class WeDLMRunnerMixin:
     def _request_state(self, req_id: str) -> RequestState:
         state = self.wedlm_requests.get(req_id)
         if state is None:
-            extra_args = self.requests[req_id].sampling_params.extra_args
-            state = RequestState(slot=self.wedlm_table.allocate(), params=self.wedlm.request_params(extra_args),
-                                 autoregressive=request_decoding(extra_args) == "ar")
+            sampling = self.requests[req_id].sampling_params
+            state = RequestState(slot=self.wedlm_table.allocate(),
+                                 params=self.wedlm.request_params(sampling.extra_args),
+                                 autoregressive=request_decoding(sampling.extra_args) == "ar",
+                                 edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias),
+                                 min_p=sampling.min_p)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state

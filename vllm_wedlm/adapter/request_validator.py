@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 def unsupported_features(params: SamplingParams) -> list[str]:
-    """Names of the requested features the WeDLM sampler does not implement."""
+    """Names of the requested features the WeDLM sampler does not implement (yet): each needs the
+    text before a row (penalties, bad words, min_tokens' count, a grammar) or logprobs bookkeeping."""
     found = []
     if params.structured_outputs is not None:
         found.append("structured outputs (guided decoding, response_format)")
@@ -33,14 +34,8 @@ def unsupported_features(params: SamplingParams) -> list[str]:
         found.append("prompt_logprobs")
     if params.min_tokens:
         found.append("min_tokens")
-    if params.logit_bias:
-        found.append("logit_bias")
     if params.bad_words:
         found.append("bad_words")
-    if params.allowed_token_ids:
-        found.append("allowed_token_ids")
-    if params.min_p:
-        found.append("min_p")
     if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
         found.append("presence/frequency/repetition penalties")
     return found
@@ -51,7 +46,8 @@ class WeDLMRequestValidator(LogitsProcessor):
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         unsupported = unsupported_features(sampling_params)
         if unsupported:
-            raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}.")
+            raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}. A server started "
+                             "with --decoding ar serves them (logit_bias, allowed_token_ids and min_p work here).")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
             WeDLMSettings().request_params(sampling_params.extra_args)

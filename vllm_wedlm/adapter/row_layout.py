@@ -24,6 +24,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
+from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
 from vllm_wedlm.core.params import WeDLMParams
 from vllm_wedlm.core.sampling import SamplingBatch
 
@@ -51,6 +52,9 @@ class RequestState:
     # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
     # token from the last row, as vLLM's own sampler does in --decoding ar.
     autoregressive: bool = False
+    # The request's allowed_token_ids and logit_bias, applied to each of its logits rows (None: none).
+    edits: LogitEdits | None = None
+    min_p: float = 0.0  # vLLM's min_p, applied when a row is sampled
 
 
 @dataclass
@@ -170,6 +174,14 @@ class RowLayout:
         windowed = step.completes_prefill & ~step.autoregressive
         return states, windowed & ~has_window, windowed & has_window
 
+    def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
+        """``logits`` [N, V] with each request's allowed tokens and logit bias applied to its rows
+        (``row_requests`` [N]: each row's index into ``states``), as float32; unchanged (no copy)
+        when no request of the step asks for them."""
+        if not any(state.edits is not None for state in states):
+            return logits
+        return edit_logits(logits, [states[i].edits for i in row_requests])
+
     def trace(self, req_ids: list[str], rows, window_size: int) -> None:
         """Record W for the windows of the batch ``rows`` planned now, while a trace is on."""
         trace = self.runner.wedlm_window_trace
@@ -210,11 +222,16 @@ class RowLayout:
             return SamplingBatch(None, None, None, ban)
         rows = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(self.device, non_blocking=True)
         starts = np.cumsum(counts) - counts
+        requests = self.runner.wedlm_requests
+        min_p = np.fromiter((requests[req_id].min_p for req_id in self.runner.input_batch.req_ids[:len(counts)]),
+                            np.float32, len(counts))  # [B]
         return SamplingBatch(
             temperature=meta.temperature[rows],
             top_k=None if meta.top_k is None else meta.top_k[rows].long(),
             top_p=None if meta.top_p is None else meta.top_p[rows].float(),
             ban_mask_token=ban,
+            min_p=torch.from_numpy(np.repeat(min_p, counts)).to(self.device, non_blocking=True) if min_p.any()
+            else None,
             generators=[(int(starts[row]), int(counts[row]), gen) for row, gen in meta.generators.items()
                         if row < len(counts) and counts[row]],
         )

@@ -1,9 +1,11 @@
 """Drawing a token for each mask row (wedlm.md 2.5), for all rows of a step at once.
 
 Order, as in WeDLM: top-k on the raw logits, then top-p on their softmax, then temperature, then
-one draw per row. Temperature 0 is greedy (top-k/top-p do not matter then). The mask token itself
-is never drawn: committing it would put the placeholder into the text (WeDLM's engine does not
-ban it; a trained model almost never picks it, an untrained one may). Except for a request
+min-p (vLLM's: drop tokens below min_p times the most likely one's probability; the ratio does not
+depend on whether top-k/top-p renormalised first), then one draw per row. Temperature 0 is greedy
+(top-k/top-p/min-p do not matter then). The mask token itself is never drawn: committing it would
+put the placeholder into the text (WeDLM's engine does not ban it; a trained model almost never
+picks it, an untrained one may). Except for a request
 decoded autoregressively on a WeDLM engine (``ban_mask_token`` False): it draws from the whole
 vocabulary, as vLLM's own sampler does in ``--decoding ar``, so that greedy output is the same.
 
@@ -26,6 +28,7 @@ class SamplingSpec:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     generator: torch.Generator | None = None  # seeded requests; on the logits' device
     ban_mask_token: bool = True  # False for AR-decoded requests (next-token rows, not mask rows)
 
@@ -44,6 +47,7 @@ class SamplingBatch:
     top_k: torch.Tensor | None  # [N] int64, 0 or >= V = off; None when no row uses it
     top_p: torch.Tensor | None  # [N] float32, 1 = off; None when no row uses it
     ban_mask_token: torch.Tensor | None  # [N] bool; None: every row bans it
+    min_p: torch.Tensor | None = None  # [N] float32, 0 = off; None when no row uses it
     # Seeded requests: (first row, row count, generator). Unseeded rows use the global stream.
     generators: list[tuple[int, int, torch.Generator]] = field(default_factory=list)
 
@@ -63,6 +67,8 @@ class SamplingBatch:
             top_p=per_row([spec.top_p for spec in specs], torch.float32) if any(spec.top_p < 1 for spec in sampled)
             else None,
             ban_mask_token=per_row([spec.ban_mask_token for spec in specs], torch.bool),
+            min_p=per_row([spec.min_p for spec in specs], torch.float32) if any(spec.min_p > 0 for spec in sampled)
+            else None,
             generators=[(start, n, spec.generator) for spec, start, n in zip(specs, starts, rows_per_spec, strict=True)
                         if n and spec.generator is not None and not spec.greedy],
         )
@@ -101,7 +107,7 @@ def accept_drafts(tokens: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
 
 def _distribution(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's argmax [N] and, unless every row is greedy, its distribution [N, V] float32 after
-    top-k, top-p and temperature (rows of temperature 0 get temperature 1: their argmax is used)."""
+    top-k, top-p, temperature and min-p (rows of temperature 0 get temperature 1: their argmax is used)."""
     logits = logits.to(torch.float32, copy=True)  # one copy, written below (bf16 logits: the float cast is it)
     if batch.ban_mask_token is None:
         logits[:, mask_id] = float("-inf")
@@ -118,7 +124,17 @@ def _distribution(logits: torch.Tensor, batch: SamplingBatch, mask_id: int) -> t
     if batch.top_p is not None:
         logits = logits.masked_fill(_top_p_drop(logits, batch.top_p), float("-inf"))
     temperature = torch.where(batch.temperature > 0, batch.temperature, 1.0)[:, None]  # [N, 1]
-    return greedy, torch.softmax(logits / temperature, dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if batch.min_p is not None:
+        probs = _min_p(probs, batch.min_p)
+    return greedy, probs
+
+
+def _min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """[N, V] probabilities with every entry below ``min_p`` ([N]) times its row's largest set to 0
+    (unnormalised: the race does not need it); min_p 0 keeps the row."""
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]  # [N, 1]
+    return probs.masked_fill(probs < threshold, 0.0)
 
 
 def _race(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -153,5 +169,7 @@ def sample_request(logits: torch.Tensor, spec: SamplingSpec, mask_id: int) -> to
     if spec.top_p < 1.0:
         logits = logits.masked_fill(_top_p_drop(logits, torch.full(logits.shape[:1], spec.top_p)), float("-inf"))
     probs = torch.softmax(logits / spec.temperature, dim=-1)
+    if spec.min_p > 0:
+        probs = _min_p(probs, torch.full(logits.shape[:1], spec.min_p, device=logits.device))
     race = torch.empty_like(probs).exponential_(generator=spec.generator)
     return (probs / race).argmax(dim=-1)

@@ -1,0 +1,149 @@
+"""logit_bias, allowed_token_ids and min_p in WeDLM mode: AR's meaning at every position.
+
+Each logits row a window forwards gets its request's allowed tokens and bias, so greedy lossless
+WeDLM and per-request AR must equal an ``--decoding ar`` engine (vLLM's own sampler) token for token
+with the same edits; plain WeDLM must keep every token inside them. ``min_p`` 1 keeps only the
+likeliest token, so a sampled request with it must give the greedy tokens, in vLLM's AR engine and
+in every WeDLM mode. Requests without edits in the same batch must not change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import build_checkpoint
+from engines import running_llm
+from vllm_wedlm.checkpoints.tiny import TinySpec
+from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
+from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, sample_request
+
+WINDOW = 8
+MAX_TOKENS = 32
+PROMPTS = ["1, 2, 3, 4", "The quiet river reads the number and the lamp", "Gus",
+           "<|im_start|>user\nAda has 12 apples.<|im_end|>\n<|im_start|>assistant\n"]
+CASES = [("qwen3", False), ("qwen2", False), ("qwen3", True)]  # (variant, fixed window rows)
+
+
+def test_edits_apply_to_their_rows_only():
+    logits = torch.randn(5, 40, dtype=torch.bfloat16)
+    allowed = LogitEdits.of([3, 7, 11], {7: 2.5})
+    biased = LogitEdits.of(None, {0: -100.0, 39: 1.0})
+    edited = edit_logits(logits, [allowed, None, biased, allowed, None])
+    assert edited.dtype == torch.float32
+    plain = logits.float()
+    for row in (0, 3):
+        expected = torch.full((40,), float("-inf"))
+        expected[[3, 7, 11]] = plain[row, [3, 7, 11]]
+        expected[7] += 2.5
+        assert torch.equal(edited[row], expected)
+    assert torch.equal(edited[[1, 4]], plain[[1, 4]])
+    expected = plain[2].clone()
+    expected[0] -= 100.0
+    expected[39] += 1.0
+    assert torch.equal(edited[2], expected)
+    assert LogitEdits.of(None, None) is None and LogitEdits.of([], {}) is None
+
+
+def test_min_p_keeps_only_tokens_near_the_likeliest():
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3
+    spec = SamplingSpec(temperature=1.0, min_p=0.3)
+    batch = SamplingBatch.of([spec], [64])
+    draws = torch.stack([sample(logits, batch, mask_id=49) for _ in range(20)])  # [20, 64]
+    banned = logits.clone()
+    banned[:, 49] = float("-inf")
+    kept = torch.softmax(banned, dim=-1)
+    chosen = kept.gather(1, draws.T)  # [64, 20]
+    assert (chosen >= 0.3 * kept.amax(dim=-1, keepdim=True)).all()
+    assert sum(len(set(column.tolist())) > 1 for column in draws.T) > 8  # rows still draw more than one token
+    # min_p 1: only the likeliest token survives, whatever the temperature.
+    one = SamplingBatch.of([SamplingSpec(temperature=2.0, min_p=1.0)], [64])
+    assert torch.equal(sample(logits, one, mask_id=49), banned.argmax(dim=-1))
+    assert torch.equal(sample_request(logits, SamplingSpec(temperature=2.0, min_p=1.0), mask_id=49),
+                       banned.argmax(dim=-1))
+
+
+def params(mode: str, edits: dict | None = None, **kwargs):
+    from vllm import SamplingParams
+
+    extra = {"wedlm_lossless": True} if mode == "lossless" else {"wedlm_decoding": "ar"} if mode == "ar" else None
+    return SamplingParams(**{"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "extra_args": extra,
+                             **(edits or {}), **kwargs})
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, dict]:
+    """Edits that must change the greedy text: ban AR's most frequent token and favour a rare one;
+    allow only AR's tokens but its two most frequent, and a block of others."""
+    counts = Counter(token for ids in baseline for token in ids)
+    (top, _), (second, _) = counts.most_common(2)
+    rare = next(t for t in range(vocab - 1, 0, -1) if t not in counts)
+    allowed = sorted(({t for t in counts if t < vocab} | set(range(100, 160))) - {top, second})
+    return {"bias": {"logit_bias": {top: -100.0, rare: 3.0}, "banned": top},
+            "allowed": {"allowed_token_ids": allowed}}
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{v}{'-fixed-rows' if f else ''}" for v, f in CASES])
+def runs(request, tmp_path_factory):
+    variant, fixed_rows = request.param
+    path = build_checkpoint(tmp_path_factory.mktemp("edits"), TinySpec(variant=variant, logit_scale=30.0))
+    runs: dict = {}
+    with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
+        runs["engine_greedy"] = token_ids(ar.generate(PROMPTS, params("plain"), use_tqdm=False))
+        vocab = len(ar.get_tokenizer())  # vLLM checks allowed ids against the tokenizer (the model's may be padded)
+        edits = edit_sets(runs["engine_greedy"], vocab)
+        runs["edits"] = edits
+        for name in ("bias", "allowed"):
+            knobs = {k: v for k, v in edits[name].items() if k != "banned"}
+            runs[f"engine_{name}"] = token_ids(ar.generate(PROMPTS, params("plain", knobs), use_tqdm=False))
+        runs["engine_min_p"] = token_ids(ar.generate(PROMPTS, params("plain", temperature=1.0, min_p=1.0, seed=3),
+                                                     use_tqdm=False))
+    config = {"decoding": "wedlm", "window_size": WINDOW, "fixed_window_rows": fixed_rows}
+    with running_llm(path, dtype="float32", additional_config=config) as llm:
+        runs["plain_greedy"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
+        for name in ("bias", "allowed"):
+            knobs = {k: v for k, v in edits[name].items() if k != "banned"}
+            # Every mode with the edits, and plain requests without them, in one batch.
+            modes = ["lossless", "ar", "plain", "unedited"]
+            batch = [params(m, None if m == "unedited" else knobs) for _ in PROMPTS for m in modes]
+            outputs = token_ids(llm.generate([p for p in PROMPTS for _ in modes], batch, use_tqdm=False))
+            for i, mode in enumerate(modes):
+                runs[f"{mode}_{name}"] = outputs[i::len(modes)]
+        for mode in ("lossless", "ar", "plain"):
+            runs[f"{mode}_min_p"] = token_ids(llm.generate(
+                PROMPTS, params(mode, temperature=1.0, min_p=1.0, seed=3), use_tqdm=False))
+    return runs
+
+
+@pytest.mark.parametrize("name", ["bias", "allowed"])
+def test_lossless_and_per_request_ar_equal_the_ar_engine_with_the_same_edits(runs, name):
+    assert runs[f"engine_{name}"] != runs["engine_greedy"]  # the edits change AR's text
+    assert runs[f"lossless_{name}"] == runs[f"engine_{name}"]
+    assert runs[f"ar_{name}"] == runs[f"engine_{name}"]
+
+
+def test_plain_wedlm_keeps_every_token_inside_the_edits(runs):
+    banned = runs["edits"]["bias"]["banned"]
+    assert all(banned not in ids for ids in runs["plain_bias"])
+    assert runs["plain_bias"] != runs["plain_greedy"]
+    allowed = set(runs["edits"]["allowed"]["allowed_token_ids"])
+    assert all(set(ids) <= allowed for ids in runs["plain_allowed"])
+    assert all(len(ids) == MAX_TOKENS for ids in runs["plain_allowed"] + runs["plain_bias"])
+
+
+def test_requests_without_edits_do_not_change_beside_edited_ones(runs):
+    assert runs["unedited_bias"] == runs["plain_greedy"]
+    assert runs["unedited_allowed"] == runs["plain_greedy"]
+
+
+def test_min_p_one_samples_the_greedy_tokens_in_every_mode(runs):
+    assert runs["engine_min_p"] == runs["engine_greedy"]  # vLLM's own meaning of min_p
+    assert runs["lossless_min_p"] == runs["engine_greedy"]
+    assert runs["ar_min_p"] == runs["engine_greedy"]
+    assert runs["plain_min_p"] == runs["plain_greedy"]
