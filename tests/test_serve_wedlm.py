@@ -122,6 +122,18 @@ def test_logit_bias_allowed_token_ids_and_min_p_over_http(setup):
     assert sampled["token_ids"] == free
 
 
+def test_prompt_logprobs_over_http(setup):
+    """vLLM's ``prompt_logprobs``: the prefill's, the same for a plain WeDLM request (whose first
+    window rides with the prompt), a lossless one and a per-request AR one."""
+    url, *_ = setup
+    answers = [completion(url, max_tokens=8, prompt_logprobs=3, vllm_xargs=xargs)
+               for xargs in ({}, {"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
+    first = answers[0]["prompt_logprobs"]
+    assert first[0] is None and len(first) == len(answers[0]["prompt_token_ids"])
+    assert all(len(position) >= 3 for position in first[1:])
+    assert all(answer["prompt_logprobs"] == first for answer in answers[1:])
+
+
 def test_stop_token_ids_and_max_tokens_are_exact(setup):
     url, reference, eos, _ = setup
     full = completion(url, max_tokens=24, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]

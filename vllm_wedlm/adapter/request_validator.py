@@ -30,8 +30,6 @@ def unsupported_features(params: SamplingParams) -> list[str]:
         found.append("structured outputs (guided decoding, response_format)")
     if params.logprobs is not None:
         found.append("logprobs")
-    if params.prompt_logprobs is not None:
-        found.append("prompt_logprobs")
     if params.min_tokens:
         found.append("min_tokens")
     if params.bad_words:
@@ -47,7 +45,8 @@ class WeDLMRequestValidator(LogitsProcessor):
         unsupported = unsupported_features(sampling_params)
         if unsupported:
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}. A server started "
-                             "with --decoding ar serves them (logit_bias, allowed_token_ids and min_p work here).")
+                             "with --decoding ar serves them (logit_bias, allowed_token_ids, min_p and "
+                             "prompt_logprobs work here).")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
             WeDLMSettings().request_params(sampling_params.extra_args)

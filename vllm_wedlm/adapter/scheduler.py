@@ -69,6 +69,8 @@ class WeDLMScheduler(Scheduler):
         # req_id -> the step's statistics (None when not logged), for each request whose window the
         # step being updated forwarded: its committed tokens are counted once its output is appended.
         self._window_stats: dict[str, SpecDecodingStats | None] = {}
+        # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
+        self._held_prompt_logprobs: dict[str, object] = {}
         self._last_log = time.monotonic()
 
     def _update_after_schedule(self, scheduler_output) -> None:
@@ -129,6 +131,7 @@ class WeDLMScheduler(Scheduler):
                 request = self.requests.get(req_id)
                 if request is not None and not request.is_finished():
                     request.num_computed_tokens -= count
+        self._hold_prompt_logprobs(model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
@@ -147,6 +150,28 @@ class WeDLMScheduler(Scheduler):
         if appended is None:
             appended = super()._update_request_with_output(request, new_token_ids)
         return self._count_returned(request, appended)
+
+    def _hold_prompt_logprobs(self, output) -> None:
+        """vLLM hands a request's prompt log-probs over with the step that completes its prompt, and
+        requires that step to return tokens as well (an AR step always does). A plain WeDLM request's
+        first window rides with its prompt and may return nothing until the next step, so its
+        log-probs wait here for its first step that returns tokens."""
+        computed = output.prompt_logprobs_dict
+        if not computed and not self._held_prompt_logprobs:
+            return
+        index, sampled = output.req_id_to_index, output.sampled_token_ids
+
+        def returns_tokens(req_id: str) -> bool:
+            return bool(sampled) and req_id in index and len(sampled[index[req_id]]) > 0
+
+        for req_id in [r for r, tensors in computed.items() if tensors is not None and not returns_tokens(r)]:
+            self._held_prompt_logprobs[req_id] = computed.pop(req_id)
+        for req_id in list(self._held_prompt_logprobs):
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                del self._held_prompt_logprobs[req_id]  # aborted before its first token
+            elif returns_tokens(req_id):
+                computed[req_id] = self._held_prompt_logprobs.pop(req_id)
 
     def _count_returned(self, request, appended: tuple[list[int], bool]) -> tuple[list[int], bool]:
         """Count what a request whose window this step forwarded got of its run (``appended``: the

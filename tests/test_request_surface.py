@@ -1,10 +1,11 @@
-"""logit_bias, allowed_token_ids and min_p in WeDLM mode: AR's meaning at every position.
+"""What AR requests ask of vLLM, in WeDLM mode: logit_bias, allowed_token_ids, min_p, prompt_logprobs.
 
 Each logits row a window forwards gets its request's allowed tokens and bias, so greedy lossless
 WeDLM and per-request AR must equal an ``--decoding ar`` engine (vLLM's own sampler) token for token
 with the same edits; plain WeDLM must keep every token inside them. ``min_p`` 1 keeps only the
 likeliest token, so a sampled request with it must give the greedy tokens, in vLLM's AR engine and
-in every WeDLM mode. Requests without edits in the same batch must not change.
+in every WeDLM mode. Requests without edits in the same batch must not change. Prompt log-probs
+come from the prefill, which WeDLM mode shares with AR: every mode must return the AR engine's.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def token_ids(outputs) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in outputs]
 
 
+def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
+    """Per prompt, per position after the first: (token id, rank, log-prob) of each returned entry."""
+    return [[sorted((token, entry.rank, entry.logprob) for token, entry in position.items())
+             for position in out.prompt_logprobs[1:]] for out in outputs]
+
+
 def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, dict]:
     """Edits that must change the greedy text: ban AR's most frequent token and favour a rare one;
     allow only AR's tokens but its two most frequent, and a block of others."""
@@ -102,6 +109,8 @@ def runs(request, tmp_path_factory):
         for name in ("bias", "allowed"):
             knobs = {k: v for k, v in edits[name].items() if k != "banned"}
             runs[f"engine_{name}"] = token_ids(ar.generate(PROMPTS, params("plain", knobs), use_tqdm=False))
+        runs["engine_prompt_logprobs"] = prompt_logprobs(ar.generate(PROMPTS, params("plain", prompt_logprobs=5),
+                                                                     use_tqdm=False))
         runs["engine_min_p"] = token_ids(ar.generate(PROMPTS, params("plain", temperature=1.0, min_p=1.0, seed=3),
                                                      use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": WINDOW, "fixed_window_rows": fixed_rows}
@@ -115,6 +124,12 @@ def runs(request, tmp_path_factory):
             outputs = token_ids(llm.generate([p for p in PROMPTS for _ in modes], batch, use_tqdm=False))
             for i, mode in enumerate(modes):
                 runs[f"{mode}_{name}"] = outputs[i::len(modes)]
+        modes = ["lossless", "ar", "plain"]
+        outputs = llm.generate([p for p in PROMPTS for _ in modes],
+                               [params(m, prompt_logprobs=5) for _ in PROMPTS for m in modes], use_tqdm=False)
+        for i, mode in enumerate(modes):
+            runs[f"{mode}_prompt_logprobs"] = prompt_logprobs(outputs[i::len(modes)])
+            runs[f"{mode}_with_prompt_logprobs"] = token_ids(outputs[i::len(modes)])
         for mode in ("lossless", "ar", "plain"):
             runs[f"{mode}_min_p"] = token_ids(llm.generate(
                 PROMPTS, params(mode, temperature=1.0, min_p=1.0, seed=3), use_tqdm=False))
@@ -147,3 +162,15 @@ def test_min_p_one_samples_the_greedy_tokens_in_every_mode(runs):
     assert runs["lossless_min_p"] == runs["engine_greedy"]
     assert runs["ar_min_p"] == runs["engine_greedy"]
     assert runs["plain_min_p"] == runs["plain_greedy"]
+
+
+def test_prompt_logprobs_equal_the_ar_engines_in_every_mode(runs):
+    expected = runs["engine_prompt_logprobs"]
+    assert [len(p) for p in expected] == [len(p) for p in runs["plain_prompt_logprobs"]] and expected[0]
+    assert all(len(position) >= 5 for prompt in expected for position in prompt)
+    for mode in ("lossless", "ar", "plain"):
+        assert runs[f"{mode}_prompt_logprobs"] == expected, mode
+    # Asking for them changes no output.
+    assert runs["lossless_with_prompt_logprobs"] == runs["engine_greedy"]
+    assert runs["ar_with_prompt_logprobs"] == runs["engine_greedy"]
+    assert runs["plain_with_prompt_logprobs"] == runs["plain_greedy"]
