@@ -1,4 +1,4 @@
-"""What AR requests ask of vLLM, in WeDLM mode: logit_bias, allowed_token_ids, min_p, prompt_logprobs.
+"""What AR requests ask of vLLM, in WeDLM mode: logit_bias, allowed_token_ids, min_tokens, min_p, prompt_logprobs.
 
 Each logits row a window forwards gets its request's allowed tokens and bias, so greedy lossless
 WeDLM and per-request AR must equal an ``--decoding ar`` engine (vLLM's own sampler) token for token
@@ -48,6 +48,17 @@ def test_edits_apply_to_their_rows_only():
     assert LogitEdits.of(None, None) is None and LogitEdits.of([], {}) is None
 
 
+def test_min_tokens_holds_the_stop_tokens_back_by_output_index():
+    logits = torch.randn(4, 12)
+    held = LogitEdits.of(None, None, min_tokens=2, stop_ids={5, 9})
+    assert held.stop_ids == (5, 9) and LogitEdits.of(None, None, min_tokens=2, stop_ids=()) is None
+    edited = edit_logits(logits, [held, held, held, None], output_index=torch.tensor([0, 1, 2, 0]))
+    assert torch.isinf(edited[:2, [5, 9]]).all() and torch.equal(edited[2:], logits[2:])
+    assert torch.equal(edited[:2, [0, 1, 2, 3, 4, 6, 7, 8, 10, 11]], logits[:2, [0, 1, 2, 3, 4, 6, 7, 8, 10, 11]])
+    with pytest.raises(ValueError, match="output index"):
+        edit_logits(logits, [held] * 4)
+
+
 def test_min_p_keeps_only_tokens_near_the_likeliest():
     torch.manual_seed(0)
     logits = torch.randn(64, 50) * 3
@@ -85,15 +96,22 @@ def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
              for position in out.prompt_logprobs[1:]] for out in outputs]
 
 
-def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, dict]:
-    """Edits that must change the greedy text: ban AR's most frequent token and favour a rare one;
-    allow only AR's tokens but its two most frequent, and a block of others."""
+MIN_TOKENS = 20
+EDITED = ("bias", "allowed", "min_tokens")  # and, on the AR engine alone, "stop_only"
+
+
+def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, list[dict]]:
+    """Per prompt, edits that must change the greedy text: ban AR's most frequent token and favour a
+    rare one; allow only AR's tokens but its two most frequent, and a block of others; make AR's
+    third token a stop token that ``min_tokens`` holds back."""
     counts = Counter(token for ids in baseline for token in ids)
     (top, _), (second, _) = counts.most_common(2)
     rare = next(t for t in range(vocab - 1, 0, -1) if t not in counts)
     allowed = sorted(({t for t in counts if t < vocab} | set(range(100, 160))) - {top, second})
-    return {"bias": {"logit_bias": {top: -100.0, rare: 3.0}, "banned": top},
-            "allowed": {"allowed_token_ids": allowed}}
+    return {"bias": [{"logit_bias": {top: -100.0, rare: 3.0}}] * len(baseline),
+            "allowed": [{"allowed_token_ids": allowed}] * len(baseline),
+            "min_tokens": [{"min_tokens": MIN_TOKENS, "stop_token_ids": [ids[2]]} for ids in baseline],
+            "stop_only": [{"stop_token_ids": [ids[2]]} for ids in baseline]}
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{v}{'-fixed-rows' if f else ''}" for v, f in CASES])
@@ -106,9 +124,9 @@ def runs(request, tmp_path_factory):
         vocab = len(ar.get_tokenizer())  # vLLM checks allowed ids against the tokenizer (the model's may be padded)
         edits = edit_sets(runs["engine_greedy"], vocab)
         runs["edits"] = edits
-        for name in ("bias", "allowed"):
-            knobs = {k: v for k, v in edits[name].items() if k != "banned"}
-            runs[f"engine_{name}"] = token_ids(ar.generate(PROMPTS, params("plain", knobs), use_tqdm=False))
+        for name in (*EDITED, "stop_only"):
+            runs[f"engine_{name}"] = token_ids(ar.generate(PROMPTS, [params("plain", knobs) for knobs in edits[name]],
+                                                           use_tqdm=False))
         runs["engine_prompt_logprobs"] = prompt_logprobs(ar.generate(PROMPTS, params("plain", prompt_logprobs=5),
                                                                      use_tqdm=False))
         runs["engine_min_p"] = token_ids(ar.generate(PROMPTS, params("plain", temperature=1.0, min_p=1.0, seed=3),
@@ -116,11 +134,10 @@ def runs(request, tmp_path_factory):
     config = {"decoding": "wedlm", "window_size": WINDOW, "fixed_window_rows": fixed_rows}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         runs["plain_greedy"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
-        for name in ("bias", "allowed"):
-            knobs = {k: v for k, v in edits[name].items() if k != "banned"}
+        for name in EDITED:
             # Every mode with the edits, and plain requests without them, in one batch.
             modes = ["lossless", "ar", "plain", "unedited"]
-            batch = [params(m, None if m == "unedited" else knobs) for _ in PROMPTS for m in modes]
+            batch = [params(m, None if m == "unedited" else knobs) for knobs in edits[name] for m in modes]
             outputs = token_ids(llm.generate([p for p in PROMPTS for _ in modes], batch, use_tqdm=False))
             for i, mode in enumerate(modes):
                 runs[f"{mode}_{name}"] = outputs[i::len(modes)]
@@ -136,25 +153,31 @@ def runs(request, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("name", ["bias", "allowed"])
+@pytest.mark.parametrize("name", ["bias", "allowed", "min_tokens"])
 def test_lossless_and_per_request_ar_equal_the_ar_engine_with_the_same_edits(runs, name):
     assert runs[f"engine_{name}"] != runs["engine_greedy"]  # the edits change AR's text
+    if name == "min_tokens":  # which without min_tokens would stop by the third token
+        assert all(len(ids) <= 3 for ids in runs["engine_stop_only"])
+        assert all(MIN_TOKENS <= len(ids) for ids in runs["engine_min_tokens"])
     assert runs[f"lossless_{name}"] == runs[f"engine_{name}"]
     assert runs[f"ar_{name}"] == runs[f"engine_{name}"]
 
 
 def test_plain_wedlm_keeps_every_token_inside_the_edits(runs):
-    banned = runs["edits"]["bias"]["banned"]
+    banned = next(token for token, bias in runs["edits"]["bias"][0]["logit_bias"].items() if bias < 0)
     assert all(banned not in ids for ids in runs["plain_bias"])
     assert runs["plain_bias"] != runs["plain_greedy"]
-    allowed = set(runs["edits"]["allowed"]["allowed_token_ids"])
+    allowed = set(runs["edits"]["allowed"][0]["allowed_token_ids"])
     assert all(set(ids) <= allowed for ids in runs["plain_allowed"])
     assert all(len(ids) == MAX_TOKENS for ids in runs["plain_allowed"] + runs["plain_bias"])
+    # min_tokens: no stop token before it, so no request ends before it.
+    for ids, knobs in zip(runs["plain_min_tokens"], runs["edits"]["min_tokens"], strict=True):
+        assert len(ids) >= MIN_TOKENS and knobs["stop_token_ids"][0] not in ids[:MIN_TOKENS]
 
 
-def test_requests_without_edits_do_not_change_beside_edited_ones(runs):
-    assert runs["unedited_bias"] == runs["plain_greedy"]
-    assert runs["unedited_allowed"] == runs["plain_greedy"]
+@pytest.mark.parametrize("name", ["bias", "allowed", "min_tokens"])
+def test_requests_without_edits_do_not_change_beside_edited_ones(runs, name):
+    assert runs[f"unedited_{name}"] == runs["plain_greedy"]
 
 
 def test_min_p_one_samples_the_greedy_tokens_in_every_mode(runs):

@@ -98,8 +98,8 @@ def test_lossless_requests_through_vllm_xargs(setup):
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == whole
 
 
-def test_logit_bias_allowed_token_ids_and_min_p_over_http(setup):
-    """OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` and ``min_p`` in WeDLM mode (tests/
+def test_logit_bias_allowed_token_ids_min_p_and_min_tokens_over_http(setup):
+    """OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids``, ``min_p`` and ``min_tokens`` in WeDLM mode (tests/
     test_logit_edits.py has the engine-level proof): lossless equals per-request AR with the same
     edits, streamed or not; plain WeDLM keeps its tokens inside them; min_p 1 samples greedily."""
     from collections import Counter
@@ -120,6 +120,10 @@ def test_logit_bias_allowed_token_ids_and_min_p_over_http(setup):
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == lossless["text"]
     sampled = completion(url, max_tokens=24, ignore_eos=True, temperature=1.0, min_p=1.0, seed=5)
     assert sampled["token_ids"] == free
+    held = {"max_tokens": 24, "ignore_eos": True, "min_tokens": 12, "stop_token_ids": [free[1]]}
+    answers = [completion(url, vllm_xargs=xargs, **held)["token_ids"]
+               for xargs in ({"wedlm_decoding": "ar"}, {"wedlm_lossless": True}, {})]
+    assert answers[0] == answers[1] and all(len(ids) >= 12 and free[1] not in ids[:12] for ids in answers)
 
 
 def test_prompt_logprobs_over_http(setup):

@@ -87,7 +87,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(llm):
     ({"extra_args": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
     ({"logprobs": 2}, "Not supported with --decoding wedlm: logprobs"),
-    ({"min_tokens": 3}, "min_tokens"),
+    ({"bad_words": ["lamp"]}, "bad_words"),
     ({"repetition_penalty": 1.2}, "penalties"),
 ])
 def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):

@@ -121,7 +121,12 @@ class ExactRows(RowLayout):
         first_rows = np.repeat(starts, num_logits) + k
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
         indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
+        # [N] the position each logits row predicts (min_tokens): a next-token row the one after its own.
+        self.predicted_positions = positions[indices] + (k < np.repeat(self.step.num_ar_rows, num_logits))
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
+
+    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.predicted_positions).to(self.device, non_blocking=True)
 
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan

@@ -97,6 +97,7 @@ class FixedRows(RowLayout):
                                     np.zeros(num_reqs, np.int64))
         ar_rows = self.ar_input_ids(req_ids, slots, autoregressive, ar_next | first_token, starts, n)  # [Bd] device
         b = np.flatnonzero(window)  # [Bw] batch rows of windows
+        self.logits_rows, self.window_logits = ar_rows, 0  # [N] device rows; how many are windows'
         if not len(b):
             return ar_rows, None
         table = self.table
@@ -142,7 +143,19 @@ class FixedRows(RowLayout):
         k = torch.arange(rows_per_window, device=self.device)[None]  # [1, R]
         logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
         self.forwarded = (w_slots, run, start, w_rows, padded, w_lossless)
-        return torch.cat([logits_rows.flatten(), ar_rows]), None
+        self.logits_rows, self.window_logits = torch.cat([logits_rows.flatten(), ar_rows]), logits_rows.numel()
+        return self.logits_rows, None
+
+    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
+        # Read before the next step's prepare rewrites the positions. Next-token rows: a lossless
+        # window's leading-run rows (``check_rows``) and the draws' rows after the windows'.
+        positions = self.runner.positions[self.logits_rows].to(torch.int64)  # [N]
+        next_token = torch.ones_like(positions, dtype=torch.bool)
+        next_token[: self.window_logits] = False
+        w_slots, run, start, w_rows, padded, w_lossless = self.forwarded if self.window_logits else (None,) * 6
+        if w_lossless is not None:
+            next_token[: self.window_logits] = check_rows(w_lossless, run, self.window_logits // len(w_slots)).flatten()
+        return positions + next_token
 
     def logits_rows_per_window(self, lossless_windows: np.ndarray) -> int:
         """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window

@@ -135,7 +135,8 @@ class WeDLMRunnerMixin:
             state = RequestState(slot=self.wedlm_table.allocate(),
                                  params=self.wedlm.request_params(sampling.extra_args),
                                  autoregressive=request_decoding(sampling.extra_args) == "ar",
-                                 edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias),
+                                 edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
+                                                     sampling.min_tokens, sampling.all_stop_token_ids),
                                  min_p=sampling.min_p)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state

@@ -24,14 +24,12 @@ QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 def unsupported_features(params: SamplingParams) -> list[str]:
     """Names of the requested features the WeDLM sampler does not implement (yet): each needs the
-    text before a row (penalties, bad words, min_tokens' count, a grammar) or logprobs bookkeeping."""
+    text before a row (penalties, bad words, a grammar) or logprobs bookkeeping."""
     found = []
     if params.structured_outputs is not None:
         found.append("structured outputs (guided decoding, response_format)")
     if params.logprobs is not None:
         found.append("logprobs")
-    if params.min_tokens:
-        found.append("min_tokens")
     if params.bad_words:
         found.append("bad_words")
     if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
@@ -45,8 +43,8 @@ class WeDLMRequestValidator(LogitsProcessor):
         unsupported = unsupported_features(sampling_params)
         if unsupported:
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}. A server started "
-                             "with --decoding ar serves them (logit_bias, allowed_token_ids, min_p and "
-                             "prompt_logprobs work here).")
+                             "with --decoding ar serves them (logit_bias, allowed_token_ids, min_p, "
+                             "min_tokens and prompt_logprobs work here).")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
             WeDLMSettings().request_params(sampling_params.extra_args)

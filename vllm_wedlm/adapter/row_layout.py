@@ -175,12 +175,23 @@ class RowLayout:
         return states, windowed & ~has_window, windowed & has_window
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
-        """``logits`` [N, V] with each request's allowed tokens and logit bias applied to its rows
-        (``row_requests`` [N]: each row's index into ``states``), as float32; unchanged (no copy)
-        when no request of the step asks for them."""
+        """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to
+        its rows (``row_requests`` [N]: each row's index into ``states``), as float32; unchanged (no
+        copy) when no request of the step asks for them."""
         if not any(state.edits is not None for state in states):
             return logits
-        return edit_logits(logits, [states[i].edits for i in row_requests])
+        output_index = None
+        if any(state.edits is not None and state.edits.min_tokens for state in states):
+            prompt_len = np.fromiter((self.runner.requests[req_id].num_prompt_tokens for req_id in self.step.req_ids),
+                                     np.int64, len(self.step.req_ids))  # [B]
+            output_index = self.row_positions(row_requests) - torch.from_numpy(prompt_len[row_requests]).to(
+                self.device, non_blocking=True)
+        return edit_logits(logits, [states[i].edits for i in row_requests], output_index)
+
+    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
+        """[N] int64 on the device: the position of the token each logits row of the step predicts (a
+        mask row its own slot's, a next-token row the one after its own)."""
+        raise NotImplementedError
 
     def trace(self, req_ids: list[str], rows, window_size: int) -> None:
         """Record W for the windows of the batch ``rows`` planned now, while a trace is on."""
