@@ -197,3 +197,25 @@ def test_prompt_logprobs_equal_the_ar_engines_in_every_mode(runs):
     assert runs["lossless_with_prompt_logprobs"] == runs["engine_greedy"]
     assert runs["ar_with_prompt_logprobs"] == runs["engine_greedy"]
     assert runs["plain_with_prompt_logprobs"] == runs["plain_greedy"]
+
+
+def test_a_checkpoint_default_repetition_penalty_does_not_refuse_every_request(tmp_path):
+    """A generation_config.json with ``repetition_penalty`` (as Qwen2.5-7B-Instruct's) made every default
+    request a 400 in WeDLM mode; the default is now 1.0 there, while a request that asks for a
+    penalty still gets the clear refusal, and an AR engine keeps the model's default."""
+    import json
+
+    from vllm import SamplingParams
+
+    path = build_checkpoint(tmp_path, TinySpec(variant="qwen3", logit_scale=30.0))
+    generation = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**generation, "repetition_penalty": 1.05}))
+    with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
+        assert ar.get_default_sampling_params().repetition_penalty == 1.05
+    with running_llm(path, dtype="float32", additional_config={"decoding": "wedlm", "window_size": WINDOW}) as llm:
+        defaults = llm.get_default_sampling_params()
+        assert defaults.repetition_penalty == 1.0
+        defaults.max_tokens, defaults.temperature = 8, 0.0
+        assert len(llm.generate(PROMPTS[:2], defaults, use_tqdm=False)[1].outputs[0].token_ids) > 0
+        with pytest.raises(ValueError, match="penalties"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, repetition_penalty=1.05), use_tqdm=False)
