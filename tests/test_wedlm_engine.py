@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -88,6 +89,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(llm):
     ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
     ({"logprobs": 2}, "Not supported with --decoding wedlm: logprobs"),
     ({"bad_words": ["lamp"]}, "bad_words"),
+    ({"logprob_token_ids": [1, 2]}, "logprob_token_ids"),
     ({"repetition_penalty": 1.2}, "penalties"),
 ])
 def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):
@@ -160,6 +162,42 @@ def test_a_first_window_rides_with_the_end_of_its_prompt(sharp, budget_64, promp
     assert steps == forwards + prefill_only_steps
     expected = reference.generate(prompt, StopRule(max_tokens=24, max_model_len=MAX_MODEL_LEN), WeDLMParams())
     assert list(out.outputs[0].token_ids) == expected.token_ids
+
+
+def test_custom_logits_processors_are_refused_at_start_up(sharp):
+    """The WeDLM sampler applies min_p, logit_bias and min_tokens itself; a custom processor would be
+    skipped silently, so the engine refuses it: named in --logits-processors (front end) or installed
+    as a plugin (the runner's processors)."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+    from vllm.v1.sample.logits_processor.interface import LogitsProcessor
+
+    from vllm_wedlm.adapter.request_validator import WeDLMRequestValidator, refuse_custom_logits_processors
+
+    args = EngineArgs(model=str(sharp[0]), max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=1 << 26,
+                      additional_config={"decoding": "wedlm"}, logits_processors=["my_plugin.procs:Uppercase"])
+    with pytest.raises(ValueError, match=r"custom logits processors \(my_plugin.procs:Uppercase\)"):
+        args.create_engine_config()
+    config = dataclasses.replace(args, logits_processors=None).create_engine_config()
+
+    class Uppercase(LogitsProcessor):
+        def __init__(self, *_):
+            pass
+
+        def apply(self, logits):
+            return logits
+
+        def is_argmax_invariant(self):
+            return False
+
+        def update_state(self, batch_update):
+            pass
+
+    stock = [cls(config, torch.device("cpu"), False) for cls in BUILTIN_LOGITS_PROCESSORS]
+    refuse_custom_logits_processors(LogitsProcessors([*stock, WeDLMRequestValidator(config, "cpu", False)]))
+    with pytest.raises(ValueError, match="custom logits processors .*Uppercase"):
+        refuse_custom_logits_processors(LogitsProcessors([*stock, Uppercase()]))
 
 
 def test_wedlm_on_a_non_wedlm_model_is_refused(sharp, tmp_path):

@@ -72,6 +72,10 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     from vllm_wedlm.adapter.request_validator import QUALNAME
 
     model_config = vllm_config.model_config
+    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p != QUALNAME]
+    if custom:  # the WeDLM sampler would skip them (installed plugins are refused by the runner)
+        _refuse(f"custom logits processors ({', '.join(map(str, custom))}) are not applied by the WeDLM sampler; "
+                "serve them with --decoding ar")
     if QUALNAME not in (model_config.logits_processors or []):
         model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
     neutralise_default_penalty(model_config)

@@ -30,6 +30,7 @@ from vllm.v1.outputs import SamplerOutput
 
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
+from vllm_wedlm.adapter.request_validator import refuse_custom_logits_processors
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
@@ -82,6 +83,7 @@ class WeDLMRunnerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        refuse_custom_logits_processors(self.input_batch.logitsprocs)
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
         self.wedlm_requests: dict[str, RequestState] = {}

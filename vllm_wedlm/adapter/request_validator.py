@@ -32,9 +32,27 @@ def unsupported_features(params: SamplingParams) -> list[str]:
         found.append("logprobs")
     if params.bad_words:
         found.append("bad_words")
+    if params.logprob_token_ids:
+        found.append("logprob_token_ids")
+    if params.thinking_token_budget is not None:
+        found.append("thinking_token_budget")
     if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
         found.append("presence/frequency/repetition penalties")
     return found
+
+
+def refuse_custom_logits_processors(processors) -> None:
+    """At start-up: the WeDLM sampler applies vLLM's built-in processors' settings itself (min_p,
+    logit_bias, min_tokens); a custom one (``--logits-processors`` or an installed plugin) would be
+    silently skipped, so the engine refuses to start instead. ``processors``: the runner's
+    ``LogitsProcessors``."""
+    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS
+
+    custom = sorted({type(p).__qualname__ for p in processors.all
+                     if type(p) not in BUILTIN_LOGITS_PROCESSORS and not isinstance(p, WeDLMRequestValidator)})
+    if custom:
+        raise ValueError(f"--decoding wedlm does not apply custom logits processors ({', '.join(custom)}); "
+                         "serve them with --decoding ar")
 
 
 class WeDLMRequestValidator(LogitsProcessor):
