@@ -9,6 +9,11 @@ forward, time; then both modes' totals and the WeDLM / AR ratio.
     python examples/generate.py                                   # the shipped micro model
     python examples/generate.py --modes wedlm --entropy-threshold 0.8
     python examples/generate.py --model /path/to/WeDLM-8B-Instruct --prompt "Count from 1 to 30."
+
+The shipped model runs with the test engines' small settings (512 tokens of context, a small KV
+cache; eager on a CPU). A model given with --model gets vLLM's own defaults on a GPU (its full
+context, 90% of GPU memory) unless --max-model-len / --gpu-memory-utilization say otherwise; on a
+CPU it keeps the small KV cache, since vLLM's CPU default reserves most of the machine's memory.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.config import DECODING_MODES
 from vllm_wedlm.evaluation import held_out_tasks, is_correct, request_forwards, trained_max_number
-from vllm_wedlm.testing import engine_kwargs
+from vllm_wedlm.testing import engine_kwargs, on_gpu
 from vllm_wedlm.training.tasks import Task
 
 MODE_NAMES = {"ar": "AR", "wedlm": "WeDLM"}
@@ -46,7 +51,7 @@ def run_mode(model: str, decoding: str, tasks: list[Task], args) -> list[Answer]
     from vllm import LLM, SamplingParams
 
     settings = {"decoding": decoding, "window_size": args.window_size, "entropy_threshold": args.entropy_threshold}
-    llm = LLM(model, additional_config=settings, **engine_kwargs())
+    llm = LLM(model, additional_config=settings, **engine_settings(model, args))
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.chat([tasks[0].messages(with_response=False)], params, use_tqdm=False)  # warm-up, not timed
     answers = []
@@ -65,6 +70,22 @@ def run_mode(model: str, decoding: str, tasks: list[Task], args) -> list[Answer]
     return answers
 
 
+def engine_settings(model: str, args) -> dict:
+    """``vllm.LLM`` keyword arguments: the small test settings for the shipped model, vLLM's
+    defaults on a GPU for any other (CPU: the small KV cache), then the command line's."""
+    kwargs = engine_kwargs()
+    if model != str(MICRO_CHECKPOINT):
+        kwargs.pop("max_model_len")
+        if on_gpu():
+            kwargs.pop("gpu_memory_utilization", None)
+    if args.max_model_len is not None:
+        kwargs["max_model_len"] = args.max_model_len
+    if args.gpu_memory_utilization is not None:
+        kwargs.pop("kv_cache_memory_bytes", None)
+        kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    return kwargs
+
+
 def verdict(answer: Answer) -> str:
     return {True: "right", False: "WRONG", None: "     "}[answer.correct]
 
@@ -78,6 +99,9 @@ def main() -> None:
     parser.add_argument("--window-size", type=int, default=16)
     parser.add_argument("--entropy-threshold", type=float, default=0.4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-model-len", type=int, help="default: 512 for the shipped model, else the model's")
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        help="default: 0.3 for the shipped model, else vLLM's (0.9)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if any(mode not in DECODING_MODES for mode in modes):
