@@ -121,12 +121,13 @@ class ExactRows(RowLayout):
         first_rows = np.repeat(starts, num_logits) + k
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
         indices = np.where(k < np.repeat(num_checks, num_logits), first_rows, last_rows)
-        # [N] the position each logits row predicts (min_tokens): a next-token row the one after its own.
-        self.predicted_positions = positions[indices] + (k < np.repeat(self.step.num_ar_rows, num_logits))
+        self.step_positions, self.logits_indices = positions, indices  # [T], [N]: for row_positions, when asked
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
 
-    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(self.predicted_positions).to(self.device, non_blocking=True)
+    def row_positions(self) -> torch.Tensor:
+        step = self.step
+        next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
+        return torch.from_numpy(self.step_positions[self.logits_indices] + next_token).to(self.device, non_blocking=True)
 
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan

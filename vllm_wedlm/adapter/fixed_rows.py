@@ -146,14 +146,14 @@ class FixedRows(RowLayout):
         self.logits_rows, self.window_logits = torch.cat([logits_rows.flatten(), ar_rows]), logits_rows.numel()
         return self.logits_rows, None
 
-    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
+    def row_positions(self) -> torch.Tensor:
         # Read before the next step's prepare rewrites the positions. Next-token rows: a lossless
         # window's leading-run rows (``check_rows``) and the draws' rows after the windows'.
         positions = self.runner.positions[self.logits_rows].to(torch.int64)  # [N]
         next_token = torch.ones_like(positions, dtype=torch.bool)
         next_token[: self.window_logits] = False
-        w_slots, run, start, w_rows, padded, w_lossless = self.forwarded if self.window_logits else (None,) * 6
-        if w_lossless is not None:
+        if self.window_logits and self.forwarded[-1] is not None:  # a step with lossless windows
+            w_slots, run, *_, w_lossless = self.forwarded
             next_token[: self.window_logits] = check_rows(w_lossless, run, self.window_logits // len(w_slots)).flatten()
         return positions + next_token
 

@@ -52,7 +52,7 @@ class RequestState:
     # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
     # token from the last row, as vLLM's own sampler does in --decoding ar.
     autoregressive: bool = False
-    # The request's allowed_token_ids and logit_bias, applied to each of its logits rows (None: none).
+    # The request's allowed_token_ids, logit_bias and min_tokens, applied to each of its logits rows (None: none).
     edits: LogitEdits | None = None
     min_p: float = 0.0  # vLLM's min_p, applied when a row is sampled
 
@@ -184,13 +184,13 @@ class RowLayout:
         if any(state.edits is not None and state.edits.min_tokens for state in states):
             prompt_len = np.fromiter((self.runner.requests[req_id].num_prompt_tokens for req_id in self.step.req_ids),
                                      np.int64, len(self.step.req_ids))  # [B]
-            output_index = self.row_positions(row_requests) - torch.from_numpy(prompt_len[row_requests]).to(
+            output_index = self.row_positions() - torch.from_numpy(prompt_len[row_requests]).to(
                 self.device, non_blocking=True)
         return edit_logits(logits, [states[i].edits for i in row_requests], output_index)
 
-    def row_positions(self, row_requests: np.ndarray) -> torch.Tensor:
+    def row_positions(self) -> torch.Tensor:
         """[N] int64 on the device: the position of the token each logits row of the step predicts (a
-        mask row its own slot's, a next-token row the one after its own)."""
+        mask row its own slot's, a next-token row the one after its own); asked only for min_tokens."""
         raise NotImplementedError
 
     def trace(self, req_ids: list[str], rows, window_size: int) -> None:

@@ -20,7 +20,8 @@ import torch
 
 @dataclass(frozen=True)
 class LogitEdits:
-    """One request's edits: ``allowed`` token ids (None: every token) and ``bias`` (token, value) pairs."""
+    """One request's edits: ``allowed`` token ids (None: every token), ``bias`` (token, value) pairs,
+    and the ``stop_ids`` a row loses while the output index it predicts is below ``min_tokens``."""
 
     allowed: tuple[int, ...] | None = None
     bias: tuple[tuple[int, float], ...] = ()
