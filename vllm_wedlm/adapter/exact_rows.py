@@ -127,7 +127,8 @@ class ExactRows(RowLayout):
     def row_positions(self) -> torch.Tensor:
         step = self.step
         next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
-        return torch.from_numpy(self.step_positions[self.logits_indices] + next_token).to(self.device, non_blocking=True)
+        positions = self.step_positions[self.logits_indices] + next_token  # [N]
+        return torch.from_numpy(positions).to(self.device, non_blocking=True)
 
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan
