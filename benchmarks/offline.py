@@ -11,8 +11,8 @@ import numpy as np
 from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.stats import accuracy
 from benchmarks.workload import Prompt, take
+from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, window_steps, window_steps_since
-from vllm_wedlm.testing import engine_kwargs
 
 #: Requests of a batch-1 point, run one at a time: a single request is one question's few forwards.
 BATCH1_REQUESTS = 16

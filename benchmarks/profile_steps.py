@@ -60,7 +60,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from vllm_wedlm.config import ASYNC_PADDING_KEY, REQUEST_ENTROPY_THRESHOLD
-    from vllm_wedlm.testing import engine_kwargs
+    from vllm_wedlm.engine_settings import engine_kwargs
 
     additional_config = {"decoding": args.decoding}
     if args.window_size is not None:

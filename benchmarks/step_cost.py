@@ -32,6 +32,7 @@ from vllm_wedlm.checkpoints.tiny import (
     write_model_files,
 )
 from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
+from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import (
     counts_since,
     graph_modes,
@@ -41,7 +42,6 @@ from vllm_wedlm.evaluation import (
     window_steps,
     window_steps_since,
 )
-from vllm_wedlm.testing import engine_kwargs
 
 SHAPES = {
     # Qwen3-8B (the body of WeDLM-8B): 36 layers, hidden 4096, GQA 32/8 heads of 128, vocab 151,936.

@@ -5,7 +5,7 @@
 The suite is the same one `scripts/test.sh` runs on a CPU, unchanged. It is cut into units (a test
 file, or for the longest files a -k slice of one), and `--jobs` pytest processes take units from a
 queue, longest first. Units share the GPU through a fixed KV cache per engine
-(VLLM_WEDLM_SHARED_GPU=1, see vllm_wedlm.testing), because vLLM's start-up memory profiling assumes
+(VLLM_WEDLM_SHARED_GPU=1, see vllm_wedlm.engine_settings), because vLLM's start-up memory profiling assumes
 nobody else allocates on the GPU meanwhile.
 
 The GPU machine runs one command for at most ten minutes, so the run can be cut into several

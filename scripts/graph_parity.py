@@ -55,8 +55,8 @@ def request_kinds(count: int) -> list[str]:
 def decode(model: str, mode: str | None, texts, params, max_num_seqs: int) -> tuple[list[list[int]], dict]:
     from vllm import LLM
 
+    from vllm_wedlm.engine_settings import engine_kwargs
     from vllm_wedlm.evaluation import graph_modes, graph_modes_since
-    from vllm_wedlm.testing import engine_kwargs
 
     compilation = {"compilation_config": {"cudagraph_mode": mode}} if mode else {}
     llm = LLM(model, **engine_kwargs(dtype="bfloat16", max_num_seqs=max_num_seqs, **compilation),

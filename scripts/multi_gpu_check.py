@@ -37,8 +37,8 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vllm_wedlm.engine_settings import serve_args  # noqa: E402
 from vllm_wedlm.server_process import running_server  # noqa: E402
-from vllm_wedlm.testing import serve_args  # noqa: E402
 
 MODES = {"wedlm": {}, "lossless": {"wedlm_lossless": True}, "ar": {"wedlm_decoding": "ar"}}
 PASSES = 3

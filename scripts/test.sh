@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up the CPU environment if needed, lint (ruff.toml), then run the whole test suite on the real
-# vLLM engine. Extra arguments go to pytest (e.g. `bash scripts/test.sh -k parity`).
+# Set up the CPU environment and the test tools if needed (scripts/setup-tests.sh), lint (ruff.toml),
+# then run the whole test suite on the real vLLM engine. Extra arguments go to pytest
+# (e.g. `bash scripts/test.sh -k parity`, or `bash scripts/test.sh -m fast` for the fast tier).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup.sh"
+bash "$root/scripts/setup-tests.sh"
 cd "$root"
 python="${VLLM_WEDLM_VENV:-$root/.venv}/bin/python"
 "$python" -m ruff check --no-cache .  # seconds; a finding fails the run before the slow tests start

@@ -41,3 +41,9 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session", params=VARIANTS)
 def variant(request) -> str:
     return request.param
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `pytest -m fast`: the core algorithm, the reference decoder and the batched step, no vLLM
+    # engine (README, "Tests"); CI runs every test, marked or not.
+    config.addinivalue_line("markers", "fast: the fast tier (no vLLM engine; under two minutes in all)")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_wedlm.testing import engine_kwargs
+from vllm_wedlm.engine_settings import engine_kwargs
 
 
 @contextlib.contextmanager

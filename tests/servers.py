@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 
 from vllm_wedlm import server_process
-from vllm_wedlm.testing import serve_args
+from vllm_wedlm.engine_settings import serve_args
 
 
 @contextlib.contextmanager

@@ -21,6 +21,8 @@ from vllm_wedlm.core.params import selection_tensors
 from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, sample_request
 from vllm_wedlm.core.selection import row_entropy
 
+pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
+
 M = 7  # mask id
 V = 12  # vocabulary
 TAUS = [None, 0.05, 0.4, 1.5, 100.0]

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import build_checkpoint
 from vllm_wedlm.checkpoints.tiny import TinySpec
-from vllm_wedlm.testing import on_gpu
+from vllm_wedlm.engine_settings import on_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 W, MAX_TOKENS = 4, 16

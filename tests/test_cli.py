@@ -128,7 +128,7 @@ def test_wedlm_mode_installs_the_plugin_pieces(tiny_checkpoints):
     from vllm.engine.arg_utils import EngineArgs
 
     from vllm_wedlm.adapter.config_hook import FIXED_ROWS_SCHEDULER_CLS, SCHEDULER_CLS, WORKER_CLS
-    from vllm_wedlm.testing import on_gpu
+    from vllm_wedlm.engine_settings import on_gpu
 
     def wedlm_config(**flags):
         return EngineArgs(model=str(tiny_checkpoints["qwen3"]), max_model_len=256, enforce_eager=True,

@@ -13,6 +13,8 @@ from vllm_wedlm.core import WeDLMParams, Window, finish_step, plan_step
 from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample
 from vllm_wedlm.core.selection import choose_fills, row_entropy
 
+pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
+
 M = 99  # mask id in these cases
 
 

@@ -26,9 +26,9 @@ import pytest
 import requests
 
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT as MICRO
+from vllm_wedlm.engine_settings import serve_args
 from vllm_wedlm.evaluation import held_out_tasks, trained_max_number
 from vllm_wedlm.server_process import prometheus_counters
-from vllm_wedlm.testing import serve_args
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -23,10 +23,10 @@ from vllm_wedlm.adapter.async_gate import PaddingGate, default_async_scheduling,
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.engine_settings import on_gpu
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
-from vllm_wedlm.testing import on_gpu
 
 PROMPTS = ["1, 2, 3, 4", "The quiet river reads the number and the lamp", "Gus",
            "<|im_start|>user\nAda has 12 apples.<|im_end|>\n<|im_start|>assistant\n"]

@@ -22,6 +22,8 @@ from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 
+pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
+
 VOCAB = 12
 MASK = VOCAB - 1
 ROWS = 200_000

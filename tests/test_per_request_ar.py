@@ -98,7 +98,7 @@ def test_steps_of_ar_requests_alone_equal_eager_ones():
     schedule outside the graph (BENCHMARKS 5.13); on the CPU there are no graphs, and the two runs
     must agree all the same."""
     from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
-    from vllm_wedlm.testing import on_gpu
+    from vllm_wedlm.engine_settings import on_gpu
 
     # The shipped trained model: on a GPU in bf16 its attention runs FlashAttention, where the tiny
     # random checkpoints' head size does not fit.

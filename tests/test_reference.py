@@ -21,6 +21,8 @@ from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 
+pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
+
 
 def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=(), max_model_len=None):
     def kv_budget(L):  # window slots that fit after L tokens

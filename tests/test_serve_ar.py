@@ -11,9 +11,9 @@ import torch
 
 from metric_families import served_families, stock_vllm_families
 from servers import model_name, post, running_server, sse_events
+from vllm_wedlm.engine_settings import serve_args
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.server_process import prometheus_counters
-from vllm_wedlm.testing import serve_args
 
 MAX_TOKENS = 12
 ARGS = ("--decoding", "ar", "--dtype", "float32")

@@ -18,11 +18,11 @@ from metric_families import served_families, stock_vllm_families
 from servers import model_name, post, running_server, sse_events
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
+from vllm_wedlm.engine_settings import serve_args
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 from vllm_wedlm.server_process import prometheus_counters
-from vllm_wedlm.testing import serve_args
 
 WINDOW = 8
 FILL_ALL = {"wedlm_entropy_threshold": 1e9}  # every mask fills: whole windows commit at once

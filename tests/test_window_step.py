@@ -31,6 +31,8 @@ from vllm_wedlm.core.batch import WindowBatch, leading_filled
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 
+pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
+
 
 def _random_table(rng: random.Random, window_size: int, batch_size: int, table_slots: int):
     """A table of ``table_slots`` with the planned windows of ``batch_size`` requests at random slots

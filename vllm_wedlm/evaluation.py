@@ -44,7 +44,7 @@ def evaluate_mode(
     """Per task kind: requests, output tokens, seconds, TPF (WeDLM) and accuracy (scored kinds)."""
     from vllm import LLM, SamplingParams
 
-    from vllm_wedlm.testing import engine_kwargs
+    from vllm_wedlm.engine_settings import engine_kwargs
 
     settings: dict[str, Any] = {"decoding": decoding}
     if window_size is not None:

@@ -4,7 +4,7 @@
 
 Without ``--url`` it starts ``vllm serve MODEL --decoding wedlm`` on loopback
 (:mod:`vllm_wedlm.server_process`; on a CPU with eager mode and a fixed KV budget, as
-:mod:`vllm_wedlm.testing` sets them; flags after ``--`` go to ``vllm serve`` after those), then
+:mod:`vllm_wedlm.engine_settings` sets them; flags after ``--`` go to ``vllm serve`` after those), then
 serves the page on loopback and prints its URL. The page server serves two things: the page
 (``page.html``) and ``/config.json`` (the API's base URL, the served model's name, example prompts,
 the initial threshold and max_tokens). The page calls the vLLM server itself.
@@ -50,7 +50,7 @@ def example_prompts(model: str | None) -> list[dict[str, str]]:
 def vllm_serve_args(extra: list[str]) -> list[str]:
     """``vllm serve`` flags of the demo's own server: WeDLM decoding, small-machine settings on a CPU
     (a GPU keeps vLLM's defaults), then the user's flags, which win (argparse keeps the last)."""
-    from vllm_wedlm.testing import CPU_KV_CACHE_BYTES, on_gpu
+    from vllm_wedlm.engine_settings import CPU_KV_CACHE_BYTES, on_gpu
 
     args = ["--decoding", "wedlm"]
     if not on_gpu():

@@ -54,7 +54,7 @@ def distill(model: str, out: str | Path, counts: dict[str, int], *, split: str =
     """Answer ``counts`` prompts per kind with ``model`` (AR, in vLLM); write chat data to ``out``. A summary."""
     from vllm import LLM
 
-    from vllm_wedlm.testing import engine_kwargs
+    from vllm_wedlm.engine_settings import engine_kwargs
 
     overrides = {"max_model_len": 1024, "seed": seed, **(engine_overrides or {})}
     llm = LLM(model, additional_config={"decoding": "ar"}, **engine_kwargs(**overrides))

@@ -183,8 +183,8 @@ def _evaluate_engine(model: Path, decoding: str, runs: list, tasks: dict[str, li
     its timing; with ``judged`` (the source model's engine), also score those runs' answers."""
     from vllm import LLM, SamplingParams
 
+    from vllm_wedlm.engine_settings import engine_kwargs
     from vllm_wedlm.evaluation import request_forwards
-    from vllm_wedlm.testing import engine_kwargs
 
     llm = LLM(str(model), additional_config={"decoding": decoding},
               **engine_kwargs(**{"max_model_len": 2048, "dtype": pipeline.eval_dtype, **engine}))
