@@ -126,14 +126,13 @@ def main(argv: list[str] | None = None) -> None:
                         "own: async on a GPU), sync (--no-async-scheduling, exact window rows) and/or async "
                         "(--async-scheduling, fixed window rows); each row records what ran")
     p_step.add_argument("--json", required=True)
-    p_rep = sub.add_parser("report", help="markdown tables and plots from result files")
-    p_rep.add_argument("results", nargs="+")
-    p_rep.add_argument("--out", required=True, help="directory for report.md and the plots")
+    p_rep = sub.add_parser("report", help="markdown tables (and plots, with --out) from result files",
+                           description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    report.add_arguments(p_rep)
     args = parser.parse_args(argv)
 
     if args.command == "report":
-        path = report.write([json.loads(Path(p).read_text()) for p in args.results], Path(args.out))
-        print(path)
+        report.main(args)
         return
     global PARTIAL
     PARTIAL = Path(args.json + ".partial")
@@ -182,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
 def _machine_serve_args() -> list[str]:
     """On the CPU, the same eager mode and KV budget as ``vllm.LLM`` gets from ``engine_kwargs``; on a
     GPU, vLLM's memory defaults, unless parallel processes share it (``shared_gpu_memory``)."""
-    from vllm_wedlm.testing import CPU_KV_CACHE_BYTES, on_gpu, serve_flags, shared_gpu_memory
+    from vllm_wedlm.engine_settings import CPU_KV_CACHE_BYTES, on_gpu, serve_flags, shared_gpu_memory
 
     if on_gpu():
         return serve_flags(shared_gpu_memory())
