@@ -35,7 +35,7 @@ setup(
         "gpu": [f"vllm=={VLLM_VERSION}"],
         "test": ["pytest>=8", "ruff>=0.17", "openai>=2.0.0", "requests>=2.26.0"],
         "bench": ["matplotlib>=3.8", "aiohttp>=3.9"],
-        # Converting GGUF checkpoints (training/convert.py): transformers reads them through gguf and
+        # Converting GGUF checkpoints (training/conversion/convert.py): transformers reads them through gguf and
         # insists on accelerate for it.
         "convert": ["gguf>=0.10", "accelerate>=1.0"],
     },

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_wedlm.evaluation import is_correct
-from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, generate
+from vllm_wedlm.training.data.tasks import KINDS, MAX_NUMBER, Task, generate
 
 
 @dataclass(frozen=True)

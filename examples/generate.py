@@ -33,7 +33,7 @@ from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.config import DECODING_MODES
 from vllm_wedlm.engine_settings import engine_kwargs, on_gpu
 from vllm_wedlm.evaluation import held_out_tasks, is_correct, request_forwards, trained_max_number
-from vllm_wedlm.training.tasks import Task
+from vllm_wedlm.training.data.tasks import Task
 
 MODE_NAMES = {"ar": "AR", "wedlm": "WeDLM"}
 

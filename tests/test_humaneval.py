@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from vllm_wedlm.training import humaneval
+from vllm_wedlm.training.scoring import humaneval
 
 
 @pytest.fixture(scope="module")

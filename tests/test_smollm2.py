@@ -15,13 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from engines import running_llm
 from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
-from vllm_wedlm.training.chat_data import read_chats
-from vllm_wedlm.training.convert import convert
-from vllm_wedlm.training.distill import distill_with
-from vllm_wedlm.training.prompts import prompt_mixture
+from vllm_wedlm.training.conversion.convert import convert
+from vllm_wedlm.training.conversion.smollm2 import CREDIT, fetch_gguf
+from vllm_wedlm.training.conversion.tokenizer_io import splitting_differences
+from vllm_wedlm.training.data.chat_data import read_chats
+from vllm_wedlm.training.data.distill import distill_with
+from vllm_wedlm.training.data.prompts import prompt_mixture
 from vllm_wedlm.training.recipes import RECIPES
-from vllm_wedlm.training.smollm2 import CREDIT, fetch_gguf
-from vllm_wedlm.training.tokenizer_io import splitting_differences
 from vllm_wedlm.training.train import Vocabulary, training_samples
 
 CHATS = [

@@ -10,10 +10,10 @@ from transformers import AutoTokenizer
 
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.checkpoints.tiny import TinySpec, chat_tokenizer, config_for, random_model, train_bpe_tokenizer
+from vllm_wedlm.training.data.tasks import KINDS, chat_prompt, final_answer, generate, mixture
 from vllm_wedlm.training.masking import IGNORE, dual_stream_attention_mask, dual_stream_sample, mask_blocks
 from vllm_wedlm.training.objective import collate, wedlm_losses
 from vllm_wedlm.training.recipes import RECIPES
-from vllm_wedlm.training.tasks import KINDS, chat_prompt, final_answer, generate, mixture
 from vllm_wedlm.training.train import Vocabulary, chat_bpe_tokenizer, tokenize, train, training_samples
 
 MASK = 99

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_wedlm.training.tasks import KINDS, MAX_NUMBER, Task, chat_prompt, final_answer, generate
+from vllm_wedlm.training.data.tasks import KINDS, MAX_NUMBER, Task, chat_prompt, final_answer, generate
 
 SCORED_KINDS = ("counting", "arithmetic")
 

@@ -216,6 +216,10 @@ class WeDLMWorkerMixin:
         """Windows forwarded so far: ``llm.collective_rpc("wedlm_request_forwards")``."""
         return self.model_runner.wedlm_request_forwards
 
+    def wedlm_mask_id(self) -> int:
+        """The mask token id the runner fills windows with: ``llm.collective_rpc("wedlm_mask_id")``."""
+        return self.model_runner.wedlm_mask_id
+
     def wedlm_graph_modes(self) -> dict[str, int]:
         """Steps run per CUDA graph mode so far: ``llm.collective_rpc("wedlm_graph_modes")``."""
         return dict(self.model_runner.wedlm_graph_modes)

@@ -26,7 +26,7 @@ import requests
 from vllm_wedlm import server_process
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.evaluation import held_out_tasks, trained_max_number
-from vllm_wedlm.training.tasks import MAX_NUMBER
+from vllm_wedlm.training.data.tasks import MAX_NUMBER
 
 PAGE = Path(__file__).with_name("page.html")
 DEFAULT_PORT = 8090

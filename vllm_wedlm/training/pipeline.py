@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vllm_wedlm.training import humaneval
-from vllm_wedlm.training.prompts import DISTILL_KINDS, distill_prompts
-from vllm_wedlm.training.tasks import KINDS, Task, chat_prompt, generate
+from vllm_wedlm.training.data.prompts import DISTILL_KINDS, distill_prompts
+from vllm_wedlm.training.data.tasks import KINDS, Task, chat_prompt, generate
+from vllm_wedlm.training.scoring import humaneval
 
 STAGES = ("convert", "distill", "train", "evaluate")
 
@@ -88,8 +88,8 @@ def log(line: str) -> None:
 
 
 def stage_convert(work: Path, pipeline: Pipeline, gguf: str | None) -> None:
-    from vllm_wedlm.training.convert import convert
-    from vllm_wedlm.training.smollm2 import CREDIT, fetch_gguf
+    from vllm_wedlm.training.conversion.convert import convert
+    from vllm_wedlm.training.conversion.smollm2 import CREDIT, fetch_gguf
 
     path = Path(gguf) if gguf else fetch_gguf()
     log(f"[convert] {path.name} -> {work / 'converted'}")
@@ -97,7 +97,7 @@ def stage_convert(work: Path, pipeline: Pipeline, gguf: str | None) -> None:
 
 
 def stage_distill(work: Path, pipeline: Pipeline, engine: dict) -> None:
-    from vllm_wedlm.training.distill import distill
+    from vllm_wedlm.training.data.distill import distill
 
     total = sum(pipeline.distill_counts.values())
     log(f"[distill] {total} prompts, greedy={pipeline.distill_temperature == 0}, max {pipeline.distill_max_tokens} "

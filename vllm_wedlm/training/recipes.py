@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vllm_wedlm.checkpoints.tiny import TinySpec
-from vllm_wedlm.training.tasks import MAX_NUMBER
+from vllm_wedlm.training.data.tasks import MAX_NUMBER
 
 MLM_WEIGHTINGS = ("inverse_gamma", "uniform")
 

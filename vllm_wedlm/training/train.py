@@ -38,13 +38,13 @@ from vllm_wedlm.checkpoints.tiny import (
     train_bpe_tokenizer,
     write_checkpoint,
 )
-from vllm_wedlm.training.chat_data import read_chats
-from vllm_wedlm.training.convert import DTYPES, add_chat_template, add_mask_token, save_wedlm
+from vllm_wedlm.training.conversion.convert import DTYPES, add_chat_template, add_mask_token, save_wedlm
+from vllm_wedlm.training.conversion.provenance import provenance_note
+from vllm_wedlm.training.conversion.sources import SourceRef, load_source
+from vllm_wedlm.training.data.chat_data import read_chats
+from vllm_wedlm.training.data.tasks import KINDS, Task, chat_prompt, mixture
 from vllm_wedlm.training.objective import collate, wedlm_losses
-from vllm_wedlm.training.provenance import provenance_note
 from vllm_wedlm.training.recipes import MLM_WEIGHTINGS, RECIPES, Recipe
-from vllm_wedlm.training.sources import SourceRef, load_source
-from vllm_wedlm.training.tasks import KINDS, Task, chat_prompt, mixture
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Self-distillation data: a model's own autoregressive answers to many prompts, as chat data.
 
-    python -m vllm_wedlm.training.distill MODEL OUT.jsonl --prompts 6000
-    python -m vllm_wedlm.training.distill MODEL OUT.jsonl --mix arithmetic=2000,prose=500 --temperature 0.7
+    python -m vllm_wedlm.training.data.distill MODEL OUT.jsonl --prompts 6000
+    python -m vllm_wedlm.training.data.distill MODEL OUT.jsonl --mix arithmetic=2000,prose=500 --temperature 0.7
 
 The prompts are prompts.py's (the task generator's kinds and open-ended prompts built from the
 standard library's docstrings; train split unless ``--split test``), rendered with the model's own
@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_wedlm.training.chat_data import chat_record, write_chats
-from vllm_wedlm.training.prompts import DISTILL_KINDS, Prompt, prompt_mixture
-from vllm_wedlm.training.sources import PROVENANCE_FILE
-from vllm_wedlm.training.tasks import Task, chat_prompt
+from vllm_wedlm.training.conversion.sources import PROVENANCE_FILE
+from vllm_wedlm.training.data.chat_data import chat_record, write_chats
+from vllm_wedlm.training.data.prompts import DISTILL_KINDS, Prompt, prompt_mixture
+from vllm_wedlm.training.data.tasks import Task, chat_prompt
 
 #: Prompts per kind when only a total is given: mostly open-ended text, where a pretrained model's
 #: answers are its own (the scored kinds are a minority).

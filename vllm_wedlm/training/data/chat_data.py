@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_wedlm.training.tasks import Task
+from vllm_wedlm.training.data.tasks import Task
 
 
 def chat_record(kind: str, prompt: str, answer: str, provenance: dict) -> dict:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from vllm_wedlm.training.tasks import KINDS, SPLITS, generate, split_of
+from vllm_wedlm.training.data.tasks import KINDS, SPLITS, generate, split_of
 
 OPEN_KINDS = ("question", "summary", "explain", "continue")
 DISTILL_KINDS = KINDS + OPEN_KINDS
@@ -101,7 +101,7 @@ def distill_prompts(kind: str, split: str, count: int, seed: int = 0) -> list[Pr
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
     if kind in KINDS:
-        return [Prompt(kind, task.prompt, f"vllm_wedlm.training.tasks {kind} generator, seed {seed}")
+        return [Prompt(kind, task.prompt, f"vllm_wedlm.training.data.tasks {kind} generator, seed {seed}")
                 for task in generate(kind, split, count, seed)]
     rng = random.Random(f"{seed}/distill/{kind}")
     prompts: dict[str, Prompt] = {}

@@ -3,7 +3,7 @@ from, who to credit, under which license, and what was done to them."""
 
 from __future__ import annotations
 
-from vllm_wedlm.training.sources import Source
+from vllm_wedlm.training.conversion.sources import Source
 
 
 def provenance_note(source: Source, changes: list[str], credit: str | None = None) -> str:

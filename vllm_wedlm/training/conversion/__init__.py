@@ -1,0 +1,1 @@
+"""Bringing real pretrained models in: conversion to WeDLM, its sources and tokenizers, provenance, SmolLM2."""

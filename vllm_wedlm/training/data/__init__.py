@@ -1,0 +1,1 @@
+"""Training data: the synthetic task generator, distillation prompts and self-distilled chats."""

@@ -1,0 +1,1 @@
+"""Scoring generated answers: HumanEval pass@1 in a sandboxed process."""
