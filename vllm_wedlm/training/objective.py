@@ -27,6 +27,25 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         return Batch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
 
+    def rows(self, index: slice) -> Batch:
+        """Some of the batch's samples (a data-parallel process's share)."""
+        return Batch(**{name: getattr(self, name)[index] for name in self.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LossNormalizers:
+    """What a whole batch's losses divide by. Given to a share of the batch, its losses are partial
+    sums of the whole batch's, so that the shares' gradients add up to the whole batch's."""
+
+    mlm: float  # the masked rows' summed weight
+    ar: float  # the AR rows
+
+    @classmethod
+    def of(cls, batch: Batch, mlm_weighting: str) -> LossNormalizers:
+        mlm_rows = batch.mlm_targets != IGNORE
+        mlm = batch.mlm_weights[mlm_rows].sum().item() if mlm_weighting == "inverse_gamma" else mlm_rows.sum().item()
+        return cls(mlm=float(mlm), ar=float((batch.ar_targets != IGNORE).sum().item()))
+
 
 @dataclass(frozen=True)
 class Losses:
@@ -74,11 +93,13 @@ def collate(
     )
 
 
-def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0, mlm_weighting: str = "inverse_gamma") -> Losses:
+def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0, mlm_weighting: str = "inverse_gamma",
+                 normalizers: LossNormalizers | None = None) -> Losses:
     """Forward the batch and compute WeDLM's loss; the LM head runs on loss rows only.
 
     ``mlm_weighting``: "inverse_gamma" weights each masked row by 1/gamma of its block (normalised),
-    "uniform" averages masked rows plainly.
+    "uniform" averages masked rows plainly. ``normalizers``: divide by these (a larger batch's)
+    instead of this batch's own counts.
     """
     hidden = model.model(
         input_ids=batch.input_ids,
@@ -96,9 +117,14 @@ def wedlm_losses(model, batch: Batch, ar_weight: float = 1.0, mlm_weighting: str
         weights = torch.ones_like(mlm_ce)
     else:
         raise ValueError(f"unknown mlm_weighting {mlm_weighting!r}")
-    mlm = (mlm_ce * weights).sum() / weights.sum().clamp(min=1e-12)
     ar_rows = batch.ar_targets != IGNORE
-    ar = F.cross_entropy(model.lm_head(hidden[ar_rows]).float(), batch.ar_targets[ar_rows])
+    ar_logits = model.lm_head(hidden[ar_rows]).float()
+    if normalizers is None:
+        mlm = (mlm_ce * weights).sum() / weights.sum().clamp(min=1e-12)
+        ar = F.cross_entropy(ar_logits, batch.ar_targets[ar_rows])
+    else:
+        mlm = (mlm_ce * weights).sum() / max(normalizers.mlm, 1e-12)
+        ar = F.cross_entropy(ar_logits, batch.ar_targets[ar_rows], reduction="sum") / normalizers.ar
     if not mlm_rows.any():  # a batch where every gamma rounded to zero masks
         mlm = ar.new_zeros(())
     return Losses(total=(mlm + ar_weight * ar) / (1 + ar_weight), mlm=mlm, ar=ar)

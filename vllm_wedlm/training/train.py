@@ -4,6 +4,7 @@
     python -m vllm_wedlm.training OUT_DIR --recipe small            # one GPU, under ten minutes
     python -m vllm_wedlm.training OUT_DIR --from-pretrained SRC --steps 2000
     python -m vllm_wedlm.training OUT_DIR --recipe smollm2 --from-pretrained CONVERTED --data CHATS.jsonl
+    torchrun --nproc-per-node 4 -m vllm_wedlm.training OUT_DIR --recipe small   # data parallel, 4 GPUs
 
 ``--from-pretrained`` takes what convert.py takes (a Llama-family, Qwen2 or Qwen3 directory or GGUF
 file) or a WeDLM checkpoint; the source's own tokenizer and chat template are kept. ``--data`` trains
@@ -43,7 +44,17 @@ from vllm_wedlm.training.conversion.provenance import provenance_note
 from vllm_wedlm.training.conversion.sources import SourceRef, load_source
 from vllm_wedlm.training.data.chat_data import read_chats
 from vllm_wedlm.training.data.tasks import KINDS, Task, chat_prompt, mixture
-from vllm_wedlm.training.objective import collate, wedlm_losses
+from vllm_wedlm.training.distributed import (
+    ONE_PROCESS,
+    Ranks,
+    any_rank,
+    backward_step,
+    data_parallel,
+    finish,
+    start,
+    sum_over_ranks,
+)
+from vllm_wedlm.training.objective import collate
 from vllm_wedlm.training.recipes import MLM_WEIGHTINGS, RECIPES, Recipe
 
 
@@ -116,12 +127,19 @@ def train(
     recipe: Recipe,
     *,
     device: torch.device,
+    ranks: Ranks = ONE_PROCESS,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
     log_every: int = 20,
 ) -> list[dict]:
     """Run ``recipe.steps`` optimiser steps (fewer if ``recipe.time_limit_s`` runs out); return the
-    logged history."""
+    logged history. Under torchrun (``ranks``: several processes), each process trains on its share
+    of every batch and DistributedDataParallel averages the gradients (distributed.py)."""
+    if recipe.batch_size % ranks.world_size:
+        raise ValueError(f"a batch of {recipe.batch_size} chats does not split over {ranks.world_size} processes")
+    if not ranks.main:
+        log = lambda line: None  # noqa: E731  (rank 0 speaks for all)
     model.to(device).train()
+    forward = data_parallel(model, recipe.ar_weight, recipe.mlm_weighting, ranks)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -146,6 +164,7 @@ def train(
             order.shuffle(epoch)
             queue.extend(epoch)
         picked = [samples[queue.pop()] for _ in range(recipe.batch_size)]
+        # Every process collates the whole batch (same generator, same masks) and trains on its share.
         batch = collate(
             picked,
             block_size=recipe.block_size,
@@ -153,20 +172,18 @@ def train(
             pad_token_id=vocab.pad_token_id,
             generator=generator,
             suffix_prob=recipe.suffix_mask_prob,
-        ).to(device)
+        )
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(recipe, step)
-        with autocast:
-            losses = wedlm_losses(model, batch, recipe.ar_weight, recipe.mlm_weighting)
         optimizer.zero_grad(set_to_none=True)
-        losses.total.backward()
+        losses = backward_step(forward, batch, recipe.mlm_weighting, ranks, device, autocast)  # [3]: total, mlm, ar
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         tokens_seen += batch.input_ids.numel()
-        for name in running:
-            running[name] += getattr(losses, name).item()
+        for name, value in zip(running, sum_over_ranks(losses, ranks).tolist(), strict=True):
+            running[name] += value
         elapsed = time.perf_counter() - start
-        out_of_time = recipe.time_limit_s is not None and elapsed > recipe.time_limit_s
+        out_of_time = any_rank(recipe.time_limit_s is not None and elapsed > recipe.time_limit_s, ranks, device)
         if (step + 1) % log_every == 0 or step + 1 == recipe.steps or out_of_time:
             count = (step % log_every) + 1
             entry = {name: value / count for name, value in running.items()}
@@ -201,8 +218,9 @@ def training_tasks(recipe: Recipe, data: list[str] | None = None) -> list[Task]:
 
 
 def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device | None = None,
-                       data: list[str] | None = None) -> Path:
-    """Train ``recipe`` from random weights and write a WeDLM checkpoint into ``out_dir``."""
+                       data: list[str] | None = None, ranks: Ranks = ONE_PROCESS) -> Path | None:
+    """Train ``recipe`` from random weights and write a WeDLM checkpoint into ``out_dir`` (rank 0's
+    path; the other data-parallel processes write nothing and get None)."""
     device = device or pick_device(None)
     torch.manual_seed(recipe.seed)
     tasks = training_tasks(recipe, data)
@@ -210,17 +228,17 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
     vocab = Vocabulary.of_tokenizer(chat_tokenizer(tokenizer))
     samples = training_samples(tasks, vocab, recipe)
     model = random_model(recipe.model, config_for(recipe.model, tokenizer))
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"training {recipe.name}: {parameters / 1e6:.2f}M parameters, {len(samples)} chats, "
-          f"{recipe.steps} steps of {recipe.batch_size}, on {device}", file=sys.stderr, flush=True)
-    history = train(model, samples, vocab, recipe, device=device)
+    history = _train_announced(model, recipe.name, samples, vocab, recipe, device, ranks)
+    if history is None:
+        return None
     out = write_checkpoint(out_dir, tokenizer, recipe.model, model.float())
-    _write_training_record(out, recipe, history, device)
+    _write_training_record(out, recipe, history, device, ranks)
     return out
 
 
 def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe: Recipe, device: torch.device,
-                          data: list[str] | None = None, gguf: str | None = None) -> Path:
+                          data: list[str] | None = None, gguf: str | None = None,
+                          ranks: Ranks = ONE_PROCESS) -> Path | None:
     """Fine-tune a pretrained AR model (what convert.py takes, or a WeDLM checkpoint) with WeDLM's
     objective on chat data files or the task mixture; save it as a WeDLM checkpoint in the recipe's dtype.
 
@@ -237,22 +255,37 @@ def train_from_pretrained(src: str | Path, out_dir: str | Path, recipe: Recipe, 
     tasks = training_tasks(recipe, data)
     vocab = Vocabulary.of_tokenizer(tokenizer)
     samples = training_samples(tasks, vocab, recipe)
-    parameters = sum(p.numel() for p in model.parameters())
-    print(f"training {recipe.name} from {src}: {parameters / 1e6:.1f}M parameters, {len(samples)} chats, "
-          f"{recipe.steps} steps of {recipe.batch_size}, on {device}", file=sys.stderr, flush=True)
-    history = train(model, samples, vocab, recipe, device=device)
+    history = _train_announced(model, f"{recipe.name} from {src}", samples, vocab, recipe, device, ranks)
+    if history is None:
+        return None
     model = model.to("cpu", DTYPES[recipe.model.dtype])
     steps = history[-1]["step"] if history else 0
     changes = [f"trained with WeDLM's dual-stream objective by vllm_wedlm.training (recipe {recipe.name}): {steps} "
-               f"steps of {recipe.batch_size} chats on {device_name(device)}",
+               f"steps of {recipe.batch_size} chats on {_devices(device, ranks)}",
                "data: " + (", ".join(Path(d).name for d in data) if data else f"the task mixture {recipe.task_counts}"),
                f"weights stored as {recipe.model.dtype}"]
     if source.mask_token_id is None:
         changes.insert(0, f"mask token added as id {mask_id} ({rows_before} embedding rows before)")
     out = save_wedlm(model, tokenizer, out_dir, mask_id, notes=provenance_note(source, changes),
                      license_file=source.license_file, force=True)
-    _write_training_record(out, recipe, history, device)
+    _write_training_record(out, recipe, history, device, ranks)
     return out
+
+
+def _train_announced(model: torch.nn.Module, what: str, samples: list[tuple[torch.Tensor, torch.Tensor]],
+                     vocab: Vocabulary, recipe: Recipe, device: torch.device, ranks: Ranks) -> list[dict] | None:
+    """Say what trains (rank 0), train it; the logged history on rank 0, None on the other processes."""
+    if ranks.main:
+        parameters = sum(p.numel() for p in model.parameters())
+        print(f"training {what}: {parameters / 1e6:.2f}M parameters, {len(samples)} chats, {recipe.steps} steps "
+              f"of {recipe.batch_size}, on {_devices(device, ranks)}", file=sys.stderr, flush=True)
+    history = train(model, samples, vocab, recipe, device=device, ranks=ranks)
+    return history if ranks.main else None
+
+
+def _devices(device: torch.device, ranks: Ranks) -> str:
+    """What trains, for logs and records: one device, or the data-parallel processes'."""
+    return device_name(device) + (f", x{ranks.world_size} data-parallel processes" if ranks.world_size > 1 else "")
 
 
 def device_name(device: torch.device) -> str:
@@ -262,9 +295,11 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
-def _write_training_record(out: Path, recipe: Recipe, history: list[dict], device: torch.device) -> None:
+def _write_training_record(out: Path, recipe: Recipe, history: list[dict], device: torch.device,
+                           ranks: Ranks = ONE_PROCESS) -> None:
     record = {"recipe": asdict(recipe), "history": history,
-              "trained_on": {"device": device_name(device), "torch": torch.__version__}}
+              "trained_on": {"device": device_name(device), "processes": ranks.world_size,
+                             "torch": torch.__version__}}
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -324,9 +359,11 @@ def main(argv: list[str] | None = None) -> None:
             model, num_hidden_layers=args.num_layers or model.num_hidden_layers,
             hidden_size=width, intermediate_size=3 * width if args.hidden_size else model.intermediate_size,
         ))
-    device = pick_device(args.device)
+    ranks, device = start(args.device)  # under torchrun: this process's rank and GPU
     if args.from_pretrained:
-        out = train_from_pretrained(args.from_pretrained, args.out_dir, recipe, device, args.data, args.gguf)
+        out = train_from_pretrained(args.from_pretrained, args.out_dir, recipe, device, args.data, args.gguf, ranks)
     else:
-        out = train_from_scratch(args.out_dir, recipe, device, args.data)
-    print(out)
+        out = train_from_scratch(args.out_dir, recipe, device, args.data, ranks)
+    finish(ranks)
+    if out is not None:
+        print(out)
