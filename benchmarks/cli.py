@@ -63,7 +63,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="ar,ngram,wedlm:0.2,wedlm:0.4,wedlm:0.8",
                         help="comma-separated: ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU], wedlm-ar; "
                              "+async or +sync after a WeDLM one for that scheduling (none: the engine's default)")
-    parser.add_argument("--kinds", default="counting,arithmetic,code,prose")
+    parser.add_argument("--kinds", default="counting,arithmetic,code,prose",
+                        help="task kinds, of counting, arithmetic, code, prose, humaneval (pass@1 in a sandbox)")
     parser.add_argument("--requests", type=int, default=32, help="prompts per task kind")
     parser.add_argument("--shots", default="0", help="solved examples before each prompt (prompt-length sweep)")
     parser.add_argument("--max-tokens", default="256", help="output token limits (output-length sweep)")

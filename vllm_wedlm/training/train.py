@@ -93,7 +93,8 @@ def chat_bpe_tokenizer(tasks: list[Task], vocab_target: int) -> Tokenizer:
 def tokenize(task: Task, vocab: Vocabulary, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(ids [L], maskable [L]) of one chat: the prompt is never masked and carries no loss."""
     prompt = vocab.encode(vocab.prompt(task))
-    answer = vocab.encode(task.response) + [vocab.im_end_id] * recipe.learnable_im_end
+    # An answer cut by a length limit did not end there: no end-of-turn tokens to learn after it.
+    answer = vocab.encode(task.response) + [vocab.im_end_id] * (recipe.learnable_im_end if task.finished else 0)
     if len(prompt) + recipe.learnable_im_end + 8 > recipe.max_length:
         return None
     answer = answer[: recipe.max_length - len(prompt)]

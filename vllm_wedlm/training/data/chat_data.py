@@ -4,7 +4,8 @@
      "kind": "prose", "provenance": {"model": "...", "sampling": {...}, ...}}
 
 ``kind`` groups chats in the training log and in ``--oversample``; ``provenance`` is free-form (the
-distillation command writes the model, the prompt's source and the sampling). Training renders the
+distillation command writes the model, the prompt's source and the sampling). ``"finished": false``
+marks an answer cut by a length limit: training learns its tokens but no end of turn after them. Training renders the
 user turn with the checkpoint's chat template (tasks.chat_prompt) and learns the assistant turn.
 """
 
@@ -17,9 +18,12 @@ from pathlib import Path
 from vllm_wedlm.training.data.tasks import Task
 
 
-def chat_record(kind: str, prompt: str, answer: str, provenance: dict) -> dict:
-    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
-            "kind": kind, "provenance": provenance}
+def chat_record(kind: str, prompt: str, answer: str, provenance: dict, finished: bool = True) -> dict:
+    record = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+              "kind": kind, "provenance": provenance}
+    if not finished:
+        record["finished"] = False
+    return record
 
 
 def write_chats(path: str | Path, records: Iterable[dict]) -> int:
@@ -45,7 +49,11 @@ def read_chats(path: str | Path) -> list[Task]:
                 roles = [m["role"] for m in messages]
                 if roles != ["user", "assistant"]:
                     raise ValueError(f"expected a user and an assistant message, got roles {roles}")
-                tasks.append(Task(str(record.get("kind", "chat")), messages[0]["content"], messages[1]["content"]))
+                finished = record.get("finished", True)
+                if not isinstance(finished, bool):
+                    raise ValueError(f"finished must be true or false, got {finished!r}")
+                tasks.append(Task(str(record.get("kind", "chat")), messages[0]["content"], messages[1]["content"],
+                                  finished=finished))
             except (ValueError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{number}: not a chat record ({error})") from error
     if not tasks:

@@ -7,7 +7,8 @@ The prompts are prompts.py's (the task generator's kinds and open-ended prompts 
 standard library's docstrings; train split unless ``--split test``), rendered with the model's own
 chat template exactly as training renders them, and answered by the model in vLLM with ``decoding:
 ar`` (one token per forward; greedy unless ``--temperature``). Answers cut by ``--max-tokens`` are
-left out (training would teach the model to stop there). Each record carries its provenance: the
+kept, marked ``"finished": false``: training learns their tokens but no end of turn after them (it
+would teach the model to stop there); empty answers are left out. Each record carries its provenance: the
 model, the prompt's kind and source, the sampling and the engine. Progress and time left go to
 stderr; the file appears when the run is complete (OUT.jsonl.partial until then).
 """
@@ -79,7 +80,7 @@ def distill_with(llm, prompts: list[Prompt], out: str | Path, *, model: str, spl
     tokenizer = llm.get_tokenizer()
     base = {"model": Path(model).name, "model_credit": model_credit(model), "decoding": "ar",
             "engine": f"vllm {_vllm_version()}", "sampling": sampling, "split": split}
-    summary = {"prompts": len(prompts), "written": 0, "truncated": 0, "output_tokens": 0}
+    summary = {"prompts": len(prompts), "written": 0, "truncated": 0, "empty": 0, "output_tokens": 0}
     start = time.perf_counter()
     for first in range(0, len(prompts), chunk):
         batch = prompts[first:first + chunk]
@@ -90,10 +91,15 @@ def distill_with(llm, prompts: list[Prompt], out: str | Path, *, model: str, spl
         for prompt, output in zip(batch, outputs, strict=True):
             answer = output.outputs[0]
             summary["output_tokens"] += len(answer.token_ids)
-            if answer.finish_reason != "stop" or not answer.text.strip():
-                summary["truncated"] += 1
+            if not answer.text.strip():
+                summary["empty"] += 1
                 continue
-            records.append(chat_record(prompt.kind, prompt.text, answer.text, _provenance(base, prompt, answer)))
+            # An answer cut by max_tokens is kept (marked unfinished): most long answers are the
+            # richest text, and dropping them skewed the data towards short ones.
+            finished = answer.finish_reason == "stop"
+            summary["truncated"] += not finished
+            records.append(chat_record(prompt.kind, prompt.text, answer.text, _provenance(base, prompt, answer),
+                                       finished=finished))
         summary["written"] += write_chats(partial, records)
         done, elapsed = first + len(batch), time.perf_counter() - start
         log(f"distill {done}/{len(prompts)} prompts  {summary['written']} chats kept  "

@@ -44,6 +44,7 @@ class Task:
     prompt: str  # the user's message
     response: str  # the assistant's reference answer
     answer: str | None = None  # the verifiable final answer (arithmetic), else None
+    finished: bool = True  # False: the response was cut by a length limit (it learns no end of turn)
 
     def messages(self, with_response: bool = True) -> list[dict[str, str]]:
         chat = [{"role": "user", "content": self.prompt}]
