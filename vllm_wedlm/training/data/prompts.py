@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import ast
 import random
-import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
+from vllm_wedlm.training.data.stdlib import stdlib_modules
 from vllm_wedlm.training.data.tasks import KINDS, SPLITS, generate, split_of
 
 OPEN_KINDS = ("question", "summary", "explain", "continue")
 DISTILL_KINDS = KINDS + OPEN_KINDS
-_SKIPPED = {"test", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages", "tkinter", "encodings"}
 _QUESTIONS = (
     "What is {name} in the Python standard library used for? Give a short example.",
     "When would a programmer use {name} in Python, and when not?",
@@ -48,20 +46,9 @@ class Prompt:
 def docstring_paragraphs() -> tuple[tuple[str, str], ...]:
     """(qualified name, paragraph) of every prose-sized docstring paragraph in the standard library
     (modules, classes, functions and methods), in a fixed order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    paths = sorted(root.glob("*.py")) + sorted(p for p in root.glob("*/*.py") if p.parent.name not in _SKIPPED)
     found = []
-    for path in paths:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        if path.stem.startswith("_") and path.stem != "__init__":
-            continue  # private modules
-        module = path.parent.name if path.stem == "__init__" else path.stem
-        if path.parent != root and path.stem != "__init__":
-            module = f"{path.parent.name}.{path.stem}"
-        for node, name in _documented(tree, module):
+    for module in stdlib_modules():
+        for node, name in _documented(module.tree, module.name):
             for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
                 text = " ".join(paragraph.split())
                 if 120 <= len(text) <= 700 and ">>>" not in text and not text.startswith(("..", "-", "*", "=")):

@@ -20,18 +20,17 @@ import argparse
 import ast
 import random
 import sys
-import sysconfig
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from vllm_wedlm.training.data.chat_data import chat_record, write_chats
+from vllm_wedlm.training.data.stdlib import stdlib_modules
 from vllm_wedlm.training.data.tasks import SPLITS, split_of
 
 KIND = "source"
 MIN_LINES, MAX_LINES = 3, 40
-_SKIPPED = {"test", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages", "tkinter", "encodings"}
 _ASKS = (
     "Write the Python standard library function `{name}{signature}` from the `{module}` module.",
     "Show the source of `{name}{signature}` in Python's `{module}` module.",
@@ -52,20 +51,10 @@ class Function:
 def stdlib_functions() -> tuple[Function, ...]:
     """Every public function and method of 3 to 40 lines in the public standard-library modules, in a
     fixed order (file, then position)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    paths = sorted(root.glob("*.py")) + sorted(p for p in root.glob("*/*.py") if p.parent.name not in _SKIPPED)
     found = []
-    for path in paths:
-        if path.stem.startswith("_") and path.stem != "__init__":
-            continue  # private modules
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        module = _module_name(path, root)
-        lines = text.splitlines()
-        for node, name in _public_functions(tree):
+    for module in stdlib_modules():
+        lines = module.text.splitlines()
+        for node, name in _public_functions(module.tree):
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             if not MIN_LINES <= node.end_lineno - first + 1 <= MAX_LINES:
                 continue
@@ -73,7 +62,7 @@ def stdlib_functions() -> tuple[Function, ...]:
             if not _parses(source):
                 continue  # a multi-line string flush left in a method: the source does not stand alone
             signature = "(" + ast.unparse(node.args) + ")"
-            found.append(Function(module, name, signature, source, f"{path.relative_to(root)}:{first}"))
+            found.append(Function(module.name, name, signature, source, f"{module.path}:{first}"))
     return tuple(found)
 
 
@@ -83,11 +72,6 @@ def _parses(source: str) -> bool:
     except SyntaxError:
         return False
     return True
-
-
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _public_functions(tree: ast.Module):
