@@ -245,7 +245,8 @@ def test_sampled_lossless_tokens_follow_the_ar_distribution():
     assert len(big) >= 5
     assert math.isclose(sum(probs), 1.0)
     assert chi_square_p_value(observed, [p * SAMPLED_REQUESTS for p in probs]) > MIN_P_VALUE
-    # Fills were accepted: fewer windows than tokens after the first (each request's first token
-    # comes from its prompt's last row).
-    assert forwards < SAMPLED_REQUESTS * (TOKENS - 1), forwards
+    # Fills were accepted. A request's first window is forwarded with the end of its prompt and counts,
+    # so a request whose fills all fail takes TOKENS windows; at least a tenth of the tokens must have
+    # come from accepted fills (the micro model here: about a quarter, 9,031 windows for 12,000 tokens).
+    assert forwards < 0.9 * SAMPLED_REQUESTS * TOKENS, forwards
 
