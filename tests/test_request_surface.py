@@ -1,8 +1,10 @@
-"""What AR requests ask of vLLM, in WeDLM mode: logit_bias, allowed_token_ids, min_tokens, min_p, prompt_logprobs.
+"""What AR requests ask of vLLM, in WeDLM mode: logit_bias, allowed_token_ids, min_tokens, penalties,
+bad_words, min_p, prompt_logprobs.
 
-Each logits row a window forwards gets its request's allowed tokens and bias, so greedy lossless
-WeDLM and per-request AR must equal an ``--decoding ar`` engine (vLLM's own sampler) token for token
-with the same edits; plain WeDLM must keep every token inside them. ``min_p`` 1 keeps only the
+Each logits row a window forwards gets its request's allowed tokens, bias, bad words and penalties
+(the last two over the tokens it sees: core/row_context.py), so greedy lossless WeDLM and per-request AR must equal an
+``--decoding ar`` engine (vLLM's own sampler) token for token with the same edits; plain WeDLM must
+keep every token inside them. ``min_p`` 1 keeps only the
 likeliest token, so a sampled request with it must give the greedy tokens, in vLLM's AR engine and
 in every WeDLM mode. Requests without edits in the same batch must not change. Prompt log-probs
 come from the prefill, which WeDLM mode shares with AR: every mode must return the AR engine's.
@@ -97,13 +99,16 @@ def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
 
 
 MIN_TOKENS = 20
-EDITED = ("bias", "allowed", "min_tokens")  # and, on the AR engine alone, "stop_only"
+PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.8, "frequency_penalty": 0.6}
+EDITED = ("bias", "allowed", "min_tokens", "penalties", "bad_words")  # and, on the AR engine alone, "stop_only"
 
 
-def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, list[dict]]:
+def edit_sets(baseline: list[list[int]], tokenizer) -> dict[str, list[dict]]:
     """Per prompt, edits that must change the greedy text: ban AR's most frequent token and favour a
     rare one; allow only AR's tokens but its two most frequent, and a block of others; make AR's
-    third token a stop token that ``min_tokens`` holds back."""
+    third token a stop token that ``min_tokens`` holds back; penalise repeats (all three penalties);
+    make bad words of AR's most frequent token and of two tokens of its first text."""
+    vocab = len(tokenizer)  # vLLM checks allowed ids against the tokenizer (the model's may be padded)
     counts = Counter(token for ids in baseline for token in ids)
     (top, _), (second, _) = counts.most_common(2)
     rare = next(t for t in range(vocab - 1, 0, -1) if t not in counts)
@@ -111,7 +116,18 @@ def edit_sets(baseline: list[list[int]], vocab: int) -> dict[str, list[dict]]:
     return {"bias": [{"logit_bias": {top: -100.0, rare: 3.0}}] * len(baseline),
             "allowed": [{"allowed_token_ids": allowed}] * len(baseline),
             "min_tokens": [{"min_tokens": MIN_TOKENS, "stop_token_ids": [ids[2]]} for ids in baseline],
-            "stop_only": [{"stop_token_ids": [ids[2]]} for ids in baseline]}
+            "stop_only": [{"stop_token_ids": [ids[2]]} for ids in baseline],
+            "penalties": [PENALTIES] * len(baseline),
+            "bad_words": [{"bad_words": [tokenizer.decode([top]), tokenizer.decode(baseline[0][4:6])]}] * len(baseline)}
+
+
+def bad_word_ids(words: list[str], tokenizer) -> list[list[int]]:
+    """The token ids vLLM bans for ``words`` (each with and without a leading space)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(bad_words=words)
+    params.update_from_tokenizer(tokenizer)
+    return params.bad_words_token_ids
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{v}{'-fixed-rows' if f else ''}" for v, f in CASES])
@@ -121,8 +137,9 @@ def runs(request, tmp_path_factory):
     runs: dict = {}
     with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
         runs["engine_greedy"] = token_ids(ar.generate(PROMPTS, params("plain"), use_tqdm=False))
-        vocab = len(ar.get_tokenizer())  # vLLM checks allowed ids against the tokenizer (the model's may be padded)
-        edits = edit_sets(runs["engine_greedy"], vocab)
+        tokenizer = ar.get_tokenizer()
+        edits = edit_sets(runs["engine_greedy"], tokenizer)
+        runs["bad_word_ids"] = bad_word_ids(edits["bad_words"][0]["bad_words"], tokenizer)
         runs["edits"] = edits
         for name in (*EDITED, "stop_only"):
             runs[f"engine_{name}"] = token_ids(ar.generate(PROMPTS, [params("plain", knobs) for knobs in edits[name]],
@@ -153,7 +170,7 @@ def runs(request, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("name", ["bias", "allowed", "min_tokens"])
+@pytest.mark.parametrize("name", EDITED)
 def test_lossless_and_per_request_ar_equal_the_ar_engine_with_the_same_edits(runs, name):
     assert runs[f"engine_{name}"] != runs["engine_greedy"]  # the edits change AR's text
     if name == "min_tokens":  # which without min_tokens would stop by the third token
@@ -170,12 +187,18 @@ def test_plain_wedlm_keeps_every_token_inside_the_edits(runs):
     allowed = set(runs["edits"]["allowed"][0]["allowed_token_ids"])
     assert all(set(ids) <= allowed for ids in runs["plain_allowed"])
     assert all(len(ids) == MAX_TOKENS for ids in runs["plain_allowed"] + runs["plain_bias"])
+    # A bad word of one token never comes out; a longer one can (its tokens may be filled right to left).
+    single = [word[0] for word in runs["bad_word_ids"] if len(word) == 1]
+    assert single and all(not set(single) & set(ids) for ids in runs["plain_bad_words"])
+    assert any(len(word) > 1 for word in runs["bad_word_ids"])
+    # Penalties change plain WeDLM's text too (its rows see the committed output and the fills).
+    assert runs["plain_penalties"] != runs["plain_greedy"]
     # min_tokens: no stop token before it, so no request ends before it.
     for ids, knobs in zip(runs["plain_min_tokens"], runs["edits"]["min_tokens"], strict=True):
         assert len(ids) >= MIN_TOKENS and knobs["stop_token_ids"][0] not in ids[:MIN_TOKENS]
 
 
-@pytest.mark.parametrize("name", ["bias", "allowed", "min_tokens"])
+@pytest.mark.parametrize("name", EDITED)
 def test_requests_without_edits_do_not_change_beside_edited_ones(runs, name):
     assert runs[f"unedited_{name}"] == runs["plain_greedy"]
 
@@ -199,23 +222,27 @@ def test_prompt_logprobs_equal_the_ar_engines_in_every_mode(runs):
     assert runs["plain_with_prompt_logprobs"] == runs["plain_greedy"]
 
 
-def test_a_checkpoint_default_repetition_penalty_does_not_refuse_every_request(tmp_path):
-    """A generation_config.json with ``repetition_penalty`` (as Qwen2.5-7B-Instruct's) made every default
-    request a 400 in WeDLM mode; the default is now 1.0 there, while a request that asks for a
-    penalty still gets the clear refusal, and an AR engine keeps the model's default."""
+def test_a_checkpoint_default_repetition_penalty_applies_as_in_ar(tmp_path):
+    """A generation_config.json with ``repetition_penalty`` (as Qwen2.5-7B-Instruct's) is every
+    request's default in WeDLM mode as in AR: a default greedy request, lossless or per-request AR,
+    gives the AR engine's tokens, which the penalty changes."""
     import json
-
-    from vllm import SamplingParams
 
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen3", logit_scale=30.0))
     generation = json.loads((path / "generation_config.json").read_text())
-    (path / "generation_config.json").write_text(json.dumps({**generation, "repetition_penalty": 1.05}))
+    (path / "generation_config.json").write_text(json.dumps({**generation, "repetition_penalty": 1.5}))
+
+    def defaults(llm, mode: str):
+        params = llm.get_default_sampling_params()
+        assert params.repetition_penalty == 1.5
+        params.max_tokens, params.temperature, params.ignore_eos = MAX_TOKENS, 0.0, True
+        params.extra_args = {"wedlm_lossless": True} if mode == "lossless" else {"wedlm_decoding": "ar"}
+        return params
+
     with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
-        assert ar.get_default_sampling_params().repetition_penalty == 1.05
+        expected = token_ids(ar.generate(PROMPTS, defaults(ar, "ar"), use_tqdm=False))
+        unpenalised = token_ids(ar.generate(PROMPTS, params("plain"), use_tqdm=False))
+    assert expected != unpenalised
     with running_llm(path, dtype="float32", additional_config={"decoding": "wedlm", "window_size": WINDOW}) as llm:
-        defaults = llm.get_default_sampling_params()
-        assert defaults.repetition_penalty == 1.0
-        defaults.max_tokens, defaults.temperature = 8, 0.0
-        assert len(llm.generate(PROMPTS[:2], defaults, use_tqdm=False)[1].outputs[0].token_ids) > 0
-        with pytest.raises(ValueError, match="penalties"):
-            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, repetition_penalty=1.05), use_tqdm=False)
+        for mode in ("lossless", "ar"):
+            assert token_ids(llm.generate(PROMPTS, defaults(llm, mode), use_tqdm=False)) == expected, mode

@@ -126,6 +126,32 @@ def test_logit_bias_allowed_token_ids_min_p_and_min_tokens_over_http(setup):
     assert answers[0] == answers[1] and all(len(ids) >= 12 and free[1] not in ids[:12] for ids in answers)
 
 
+def test_penalties_and_bad_words_over_http(setup):
+    """OpenAI's ``presence_penalty`` / ``frequency_penalty`` and vLLM's ``repetition_penalty`` and
+    ``bad_words`` in WeDLM mode (tests/test_request_surface.py has the engine-level proof against an
+    AR engine): lossless equals per-request AR, streamed or not, and both differ from the unedited
+    text; so does plain WeDLM, which never writes a one-token bad word."""
+    from collections import Counter
+
+    url, *_ = setup
+    free = completion(url, max_tokens=24, ignore_eos=True)["token_ids"]
+    top = Counter(free).most_common(1)[0][0]
+    word = post(url, "/detokenize", {"tokens": [top]}).json()["prompt"]
+    assert [top] in (post(url, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
+                     for text in (word.lstrip(), " " + word.lstrip()))  # one of vLLM's two spellings of it
+    knobs = {"max_tokens": 24, "ignore_eos": True, "presence_penalty": 0.8, "frequency_penalty": 0.6,
+             "repetition_penalty": 1.3, "bad_words": [word]}
+    ar = completion(url, vllm_xargs={"wedlm_decoding": "ar"}, **knobs)["token_ids"]
+    unedited_ar = completion(url, vllm_xargs={"wedlm_decoding": "ar"}, max_tokens=24, ignore_eos=True)
+    lossless = completion(url, vllm_xargs={"wedlm_lossless": True}, **knobs)
+    assert lossless["token_ids"] == ar != unedited_ar["token_ids"]
+    plain = completion(url, **knobs)["token_ids"]
+    assert plain != free and top not in plain and top not in ar
+    body = {"prompt": PROMPT, "temperature": 0, "vllm_xargs": {"wedlm_lossless": True}, "stream": True, **knobs}
+    events = sse_events(post(url, "/v1/completions", body, stream=True))
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == lossless["text"]
+
+
 def test_prompt_logprobs_over_http(setup):
     """vLLM's ``prompt_logprobs``: the prefill's, the same for a plain WeDLM request (whose first
     window rides with the prompt), a lossless one and a per-request AR one."""

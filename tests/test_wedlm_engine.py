@@ -88,9 +88,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(llm):
     ({"extra_args": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
     ({"logprobs": 2}, "Not supported with --decoding wedlm: logprobs"),
-    ({"bad_words": ["lamp"]}, "bad_words"),
     ({"logprob_token_ids": [1, 2]}, "logprob_token_ids"),
-    ({"repetition_penalty": 1.2}, "penalties"),
 ])
 def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):
     from vllm import SamplingParams
@@ -123,14 +121,28 @@ def test_preemption_and_chunked_prefill_change_nothing(sharp):
                      max_num_batched_tokens=128, enable_chunked_prefill=True,
                      disable_log_stats=False) as small:
         outputs = small.generate(prompts, greedy(96), use_tqdm=False)
-        stats = small.get_metrics()
-    preemptions = [m.value for m in stats if m.name == "vllm:num_preemptions"]
-    assert preemptions and preemptions[0] > 0, "the batch was meant to force preemption"
+        preemptions = preempted(small)
+        assert preemptions > 0, "the batch was meant to force preemption"
+        # Penalised requests (plain and lossless: each row's penalties count the tokens it sees, kept
+        # by position across the preemption) give what they give alone.
+        penalised = [greedy(96, **({"wedlm_lossless": True} if i % 2 else {})) for i in range(len(prompts))]
+        for params in penalised:
+            params.repetition_penalty, params.presence_penalty, params.frequency_penalty = 1.3, 0.5, 0.5
+        batch = small.generate(prompts, penalised, use_tqdm=False)
+        assert preempted(small) > preemptions
+        alone = [small.generate([prompt], params, use_tqdm=False)[0] for prompt, params in zip(prompts, penalised,
+                                                                                                   strict=True)]
+    assert [out.outputs[0].token_ids for out in batch] == [out.outputs[0].token_ids for out in alone]
+    assert [out.outputs[0].token_ids for out in batch] != [out.outputs[0].token_ids for out in outputs]
     assert max(len(out.prompt_token_ids) for out in outputs) > 128
     for out in outputs:
         rule = StopRule(max_tokens=96, max_model_len=MAX_MODEL_LEN)
         expected = reference.generate(list(out.prompt_token_ids), rule, WeDLMParams())
         assert list(out.outputs[0].token_ids) == expected.token_ids
+
+
+def preempted(llm) -> float:
+    return next(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,6 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
                 "serve them with --decoding ar")
     if QUALNAME not in (model_config.logits_processors or []):
         model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
-    neutralise_default_penalty(model_config)
     # vLLM 0.26.0 runs an engine with a custom logits processor on its V1 runner (the V2 runner does
     # not support them), the validator's only other effect: no process-wide setting is needed, and
     # other engines of the same process keep vLLM's own choice.
@@ -131,23 +130,6 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
                 settings.params.lossless,
                 "fixed window rows (pipelined under async scheduling)" if settings.fixed_window_rows else
                 "exact window rows (synchronous scheduling)")
-
-
-def neutralise_default_penalty(model_config) -> None:
-    """A checkpoint's ``generation_config.json`` may set ``repetition_penalty`` (Qwen2.5-7B-Instruct's
-    is 1.05), which vLLM makes every request's default; WeDLM mode does not apply penalties yet and
-    refuses requests that carry one, so every default request would get a 400. Such a default is
-    overridden to 1.0 through vLLM's own ``override_generation_config``, with a warning; a penalty the
-    user asks for (``--override-generation-config`` or in a request) is left alone and still refused."""
-    if "repetition_penalty" in model_config.override_generation_config:
-        return
-    penalty = model_config.get_diff_sampling_param().get("repetition_penalty", 1.0)
-    if penalty != 1.0:
-        logger.warning("WeDLM mode does not apply repetition penalties yet: the model's generation config "
-                       "sets repetition_penalty %s, which requests will not get by default (1.0); a request "
-                       "that sets one gets a 400, and --decoding ar applies it", penalty)
-        model_config.override_generation_config = {**model_config.override_generation_config,
-                                                   "repetition_penalty": 1.0}
 
 
 def graph_sizes(max_tokens: int) -> list[int]:

@@ -124,6 +124,9 @@ class ExactRows(RowLayout):
         self.step_positions, self.logits_indices = positions, indices  # [T], [N]: for row_positions, when asked
         return torch.from_numpy(indices).to(self.device, non_blocking=True), None
 
+    def window_starts(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.table.host.committed_len[slots]).to(self.device, non_blocking=True)
+
     def row_positions(self) -> torch.Tensor:
         step = self.step
         next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]

@@ -146,6 +146,10 @@ class FixedRows(RowLayout):
         self.logits_rows, self.window_logits = torch.cat([logits_rows.flatten(), ar_rows]), logits_rows.numel()
         return self.logits_rows, None
 
+    def window_starts(self, slots: np.ndarray) -> torch.Tensor:
+        # The device's record: the host half of the table is not written in this layout.
+        return self.table.committed_len[torch.from_numpy(slots).to(self.device, non_blocking=True)]
+
     def row_positions(self) -> torch.Tensor:
         # Read before the next step's prepare rewrites the positions. Next-token rows: a lossless
         # window's leading-run rows (``check_rows``) and the draws' rows after the windows'.

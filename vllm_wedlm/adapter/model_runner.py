@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import SamplerOutput
 
+from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.request_validator import refuse_custom_logits_processors
@@ -139,7 +140,7 @@ class WeDLMRunnerMixin:
                                  autoregressive=request_decoding(sampling.extra_args) == "ar",
                                  edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
                                                      sampling.min_tokens, sampling.all_stop_token_ids),
-                                 min_p=sampling.min_p)
+                                 min_p=sampling.min_p, context_edits=ContextEdits.of(sampling))
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state

@@ -23,21 +23,17 @@ if TYPE_CHECKING:
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 def unsupported_features(params: SamplingParams) -> list[str]:
-    """Names of the requested features the WeDLM sampler does not implement (yet): each needs the
-    text before a row (penalties, bad words, a grammar) or logprobs bookkeeping."""
+    """Names of the requested features the WeDLM sampler does not implement (yet): a grammar needs
+    the exact text before a row, logprobs their own bookkeeping."""
     found = []
     if params.structured_outputs is not None:
         found.append("structured outputs (guided decoding, response_format)")
     if params.logprobs is not None:
         found.append("logprobs")
-    if params.bad_words:
-        found.append("bad_words")
     if params.logprob_token_ids:
         found.append("logprob_token_ids")
     if params.thinking_token_budget is not None:
         found.append("thinking_token_budget")
-    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
-        found.append("presence/frequency/repetition penalties")
     return found
 
 
@@ -61,8 +57,8 @@ class WeDLMRequestValidator(LogitsProcessor):
         unsupported = unsupported_features(sampling_params)
         if unsupported:
             raise ValueError(f"Not supported with --decoding wedlm: {', '.join(unsupported)}. A server started "
-                             "with --decoding ar serves them (logit_bias, allowed_token_ids, min_p, "
-                             "min_tokens and prompt_logprobs work here).")
+                             "with --decoding ar serves them (penalties, bad_words, logit_bias, allowed_token_ids, "
+                             "min_p, min_tokens and prompt_logprobs work here).")
         try:
             # The runner reads the knobs the same way, over the server's defaults.
             WeDLMSettings().request_params(sampling_params.extra_args)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
+from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
 from vllm_wedlm.core.params import WeDLMParams
@@ -55,6 +56,9 @@ class RequestState:
     # The request's allowed_token_ids, logit_bias and min_tokens, applied to each of its logits rows (None: none).
     edits: LogitEdits | None = None
     min_p: float = 0.0  # vLLM's min_p, applied when a row is sampled
+    # Its penalties and bad words, which read the tokens before each row (None: none).
+    context_edits: ContextEdits | None = None
+    history_started: bool = False  # its prompt is in the token history of context_edits.py
 
 
 @dataclass
@@ -120,6 +124,7 @@ class RowLayout:
         self.max_model_len = runner.max_model_len
         self.window_step = window_step  # the step's device work (``window_step.py``); compiled on a GPU
         self.step: StepRows | None = None  # the step in flight, from ``prepare`` to ``sample``
+        self.context_edits = RowContextEdits(self)
 
     # The interface, in the order vLLM calls it.
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
@@ -176,9 +181,11 @@ class RowLayout:
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to
-        its rows (``row_requests`` [N]: each row's index into ``states``), as float32; unchanged (no
-        copy) when no request of the step asks for them."""
-        if not any(state.edits is not None for state in states):
+        its rows (``row_requests`` [N]: each row's index into ``states``), then its bad words and
+        penalties, as float32, in vLLM's order; unchanged (no copy) when no request asks for them."""
+        edited = any(state.edits is not None for state in states)
+        in_context = any(state.context_edits is not None for state in states)
+        if not edited and not in_context:
             return logits
         output_index = None
         if any(state.edits is not None and state.edits.min_tokens for state in states):
@@ -186,11 +193,18 @@ class RowLayout:
                                      np.int64, len(self.step.req_ids))  # [B]
             output_index = self.row_positions() - torch.from_numpy(prompt_len[row_requests]).to(
                 self.device, non_blocking=True)
-        return edit_logits(logits, [states[i].edits for i in row_requests], output_index)
+        logits = (edit_logits(logits, [states[i].edits for i in row_requests], output_index) if edited
+                  else logits.to(torch.float32, copy=True))
+        return self.context_edits.apply(logits, states, row_requests) if in_context else logits
+
+    def window_starts(self, slots: np.ndarray) -> torch.Tensor:
+        """[P] int64 on the device: where the windows forwarded now at ``slots`` start."""
+        raise NotImplementedError
 
     def row_positions(self) -> torch.Tensor:
         """[N] int64 on the device: the position of the token each logits row of the step predicts (a
-        mask row its own slot's, a next-token row the one after its own); asked only for min_tokens."""
+        mask row its own slot's, a next-token row the one after its own); asked for min_tokens,
+        penalties and bad words."""
         raise NotImplementedError
 
     def trace(self, req_ids: list[str], rows, window_size: int) -> None:
