@@ -92,6 +92,13 @@ def token_ids(outputs) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in outputs]
 
 
+def token_logprobs(outputs) -> list[tuple[list[int], list[list[tuple[int, int, float]]]]]:
+    """Per prompt: its tokens, and per token (token id, rank, log-prob) of each returned entry."""
+    return [(list(out.outputs[0].token_ids),
+             [sorted((token, entry.rank, entry.logprob) for token, entry in position.items())
+              for position in out.outputs[0].logprobs]) for out in outputs]
+
+
 def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
     """Per prompt, per position after the first: (token id, rank, log-prob) of each returned entry."""
     return [[sorted((token, entry.rank, entry.logprob) for token, entry in position.items())
@@ -99,6 +106,7 @@ def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
 
 
 MIN_TOKENS = 20
+LOGPROBS = 3
 PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.8, "frequency_penalty": 0.6}
 EDITED = ("bias", "allowed", "min_tokens", "penalties", "bad_words")  # and, on the AR engine alone, "stop_only"
 
@@ -148,6 +156,8 @@ def runs(request, tmp_path_factory):
                                                                      use_tqdm=False))
         runs["engine_min_p"] = token_ids(ar.generate(PROMPTS, params("plain", temperature=1.0, min_p=1.0, seed=3),
                                                      use_tqdm=False))
+        runs["engine_logprobs"] = token_logprobs(ar.generate(PROMPTS, params("plain", logprobs=LOGPROBS),
+                                                             use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": WINDOW, "fixed_window_rows": fixed_rows}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         runs["plain_greedy"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
@@ -167,6 +177,17 @@ def runs(request, tmp_path_factory):
         for mode in ("lossless", "ar", "plain"):
             runs[f"{mode}_min_p"] = token_ids(llm.generate(
                 PROMPTS, params(mode, temperature=1.0, min_p=1.0, seed=3), use_tqdm=False))
+        # Log-probs of lossless and AR requests, with plain requests (which cannot ask) in the batch.
+        modes = ["lossless", "ar", "plain"]
+        outputs = llm.generate([p for p in PROMPTS for _ in modes],
+                               [params(m, logprobs=None if m == "plain" else LOGPROBS) for _ in PROMPTS for m in modes],
+                               use_tqdm=False)
+        for i, mode in enumerate(modes):
+            runs[f"{mode}_logprobs"] = (token_logprobs(outputs[i::len(modes)]) if mode != "plain"
+                                        else token_ids(outputs[i::len(modes)]))
+        with pytest.raises(ValueError, match="logprobs of plain WeDLM tokens"):
+            llm.generate(PROMPTS[:1], params("plain", logprobs=LOGPROBS), use_tqdm=False)
+        runs["after_refusal"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
     return runs
 
 
@@ -246,3 +267,27 @@ def test_a_checkpoint_default_repetition_penalty_applies_as_in_ar(tmp_path):
     with running_llm(path, dtype="float32", additional_config={"decoding": "wedlm", "window_size": WINDOW}) as llm:
         for mode in ("lossless", "ar"):
             assert token_ids(llm.generate(PROMPTS, defaults(llm, mode), use_tqdm=False)) == expected, mode
+
+
+def test_logprobs_of_lossless_and_per_request_ar_tokens_equal_the_ar_engines(runs):
+    expected = runs["engine_logprobs"]
+    assert [ids for ids, _ in expected] == runs["engine_greedy"]
+    assert all(len(entries) == len(ids) and all(len(e) >= LOGPROBS for e in entries) for ids, entries in expected)
+    assert runs["lossless_logprobs"] == expected
+    assert runs["ar_logprobs"] == expected
+    assert runs["plain_logprobs"] == runs["plain_greedy"]  # beside them, unchanged
+    assert runs["after_refusal"] == runs["plain_greedy"]  # a refused request loses nothing
+
+
+def test_a_lossless_servers_requests_return_logprobs_by_default(tmp_path):
+    """On an engine whose requests are lossless by default (``--wedlm-lossless``), a request that says
+    nothing gets its log-probs, AR's; one that turns lossless off is refused (a plain request's)."""
+    path = build_checkpoint(tmp_path, TinySpec(variant="qwen2", logit_scale=30.0))
+    with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
+        expected = token_logprobs(ar.generate(PROMPTS, params("plain", logprobs=LOGPROBS), use_tqdm=False))
+    config = {"decoding": "wedlm", "window_size": WINDOW, "lossless": True}
+    with running_llm(path, dtype="float32", additional_config=config) as llm:
+        assert token_logprobs(llm.generate(PROMPTS, params("plain", logprobs=LOGPROBS), use_tqdm=False)) == expected
+        with pytest.raises(ValueError, match="logprobs of plain WeDLM tokens"):
+            llm.generate(PROMPTS[:1], params("plain", logprobs=LOGPROBS, extra_args={"wedlm_lossless": False}),
+                         use_tqdm=False)

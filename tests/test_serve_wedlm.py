@@ -152,6 +152,28 @@ def test_penalties_and_bad_words_over_http(setup):
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == lossless["text"]
 
 
+def test_logprobs_and_echo_over_http(setup):
+    """``logprobs`` of generated tokens: a lossless request's equal a per-request AR one's (AR's own rows),
+    streamed or not; with ``echo`` and one token, as lm-eval scores a continuation, the prompt's come
+    too. (A plain request asking for them gets a 400: test_bad_requests_get_a_400...)"""
+    url, *_ = setup
+    answers = [completion(url, max_tokens=24, ignore_eos=True, logprobs=2, vllm_xargs=xargs)
+               for xargs in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
+    lossless, ar = (answer["logprobs"] for answer in answers)
+    assert lossless == ar and len(lossless["token_logprobs"]) == 24
+    assert all(top for top in lossless["top_logprobs"])  # keyed by text: tokens of one text share a key
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 24, "ignore_eos": True, "logprobs": 2, "stream": True,
+            "vllm_xargs": {"wedlm_lossless": True}}
+    events = [e["choices"][0] for e in sse_events(post(url, "/v1/completions", body, stream=True)) if e["choices"]]
+    assert [x for e in events for x in e["logprobs"]["token_logprobs"]] == lossless["token_logprobs"]
+    scored = [completion(url, max_tokens=1, echo=True, logprobs=1, vllm_xargs=xargs)
+              for xargs in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
+    assert scored[0]["logprobs"] == scored[1]["logprobs"]
+    values = scored[0]["logprobs"]["token_logprobs"]
+    assert len(values) == len(scored[0]["prompt_token_ids"]) + 1 and values[0] is None
+    assert all(isinstance(value, float) and value <= 0 for value in values[1:])
+
+
 def test_prompt_logprobs_over_http(setup):
     """vLLM's ``prompt_logprobs``: the prefill's, the same for a plain WeDLM request (whose first
     window rides with the prompt), a lossless one and a per-request AR one."""
@@ -212,7 +234,7 @@ def test_chat_stream(setup):
     ({"vllm_xargs": {"wedlm_lossless": 2}}, "wedlm_lossless must be true or false"),
     ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured outputs"),
     ({"response_format": {"type": "json_object"}}, "structured outputs"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 2}, "logprobs of plain WeDLM tokens.*wedlm_lossless"),
     # Misspelt knobs: an error naming the accepted keys, not a silent default.
     ({"vllm_xargs": {"wedlm_window": 4}},
      "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_decoding', "

@@ -69,15 +69,16 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     parallel.worker_cls = WORKER_CLS[platform]
 
     # Per-request validation in the front end (a 400 for unsupported requests, see the module).
-    from vllm_wedlm.adapter.request_validator import QUALNAME
+    from vllm_wedlm.adapter.request_validator import QUALNAMES, validator_qualname
 
+    qualname = validator_qualname(settings.params.lossless)
     model_config = vllm_config.model_config
-    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p != QUALNAME]
+    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p not in QUALNAMES]
     if custom:  # the WeDLM sampler would skip them (installed plugins are refused by the runner)
         _refuse(f"custom logits processors ({', '.join(map(str, custom))}) are not applied by the WeDLM sampler; "
                 "serve them with --decoding ar")
-    if QUALNAME not in (model_config.logits_processors or []):
-        model_config.logits_processors = [*(model_config.logits_processors or []), QUALNAME]
+    if qualname not in (model_config.logits_processors or []):
+        model_config.logits_processors = [*(model_config.logits_processors or []), qualname]
     # vLLM 0.26.0 runs an engine with a custom logits processor on its V1 runner (the V2 runner does
     # not support them), the validator's only other effect: no process-wide setting is needed, and
     # other engines of the same process keep vLLM's own choice.

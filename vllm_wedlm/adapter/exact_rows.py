@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
+from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
@@ -141,6 +141,7 @@ class ExactRows(RowLayout):
         host = table.host
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
 
@@ -261,8 +262,44 @@ class ExactRows(RowLayout):
         self.next_windows = next_windows
         self.unforwarded = {step.req_ids[row]: int(run_len[row])
                                    for row in np.flatnonzero(step.window & (run_len > 0))}
+        logprobs = None
+        if tokens is not None and any(state.logprobs for state in states):
+            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled.shape[1], commit)
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
-        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=None)
+        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
+
+    def returned_logprobs(self, raw_logits: torch.Tensor, tokens: torch.Tensor, row_kind: np.ndarray,
+                          states: list, width: int, commit: np.ndarray) -> LogprobsTensors:
+        """The log-probs of every returned cell ([B * width] entries, host), for the requests that ask
+        (``token_logprobs.py``): a lossless window's committed run (``commit`` [Bw]) reads its kept
+        slot-0 entry, then its verification rows; an AR-decoded request's token its last row. The
+        token each lossless window and each new lossless request put in slot 0 now is kept."""
+        step = self.step
+        num_rows = len(row_kind)
+        first_row = np.cumsum(step.num_logits) - step.num_logits  # [B]
+        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
+        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits, tokens), len(self.table.pos_penalty))
+        source = np.zeros((len(states), width), np.int64)  # [B, width]: each cell's bank entry
+        kept_slots, kept_rows = [], []
+        lossless = step.window & step.lossless & wants  # [B]
+        run = np.zeros(len(states), np.int64)
+        run[step.window] = commit
+        for i in np.flatnonzero(lossless):
+            source[i, 0] = num_rows + step.slots[i]
+            source[i, 1: run[i]] = first_row[i] + np.arange(run[i] - 1)
+            kept_slots.append(step.slots[i])
+            kept_rows.append(first_row[i] + run[i] - 1)  # the row that drew the token after the run
+        ar_rows = np.flatnonzero(row_kind == AR_NEXT_ROW)  # one per AR-decoded request, in batch order
+        source[step.ar_next, 0] = ar_rows
+        first = np.flatnonzero(row_kind == FIRST_TOKEN_ROW)  # one per new lossless request, in batch order
+        chosen = wants[step.first_token]
+        kept_slots.extend(step.slots[step.first_token][chosen])
+        kept_rows.extend(first[chosen])
+        cells = self.token_logprobs.cells(bank, torch.from_numpy(source).to(self.device, non_blocking=True))
+        if kept_slots:
+            self.token_logprobs.keep(bank, torch.tensor(kept_slots, device=self.device),
+                                     torch.tensor(kept_rows, device=self.device))
+        return cells
 
     def row_kinds(self, step: StepRows) -> np.ndarray:
         """[N] int8: what each logits row of the step is for (``MASK_ROW`` ...), request by request."""

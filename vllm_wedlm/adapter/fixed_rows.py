@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from vllm.v1.outputs import SamplerOutput
+from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import check_rows, leading_runs
@@ -221,6 +221,7 @@ class FixedRows(RowLayout):
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window),
                                                                  np.flatnonzero(step.ar_next | step.first_token)]))
@@ -250,7 +251,7 @@ class FixedRows(RowLayout):
                 self.device, non_blocking=True)
             if sampled is not None:
                 every[index[: len(window_rows)]] = sampled
-            first_tokens = None
+            first_tokens = drawn = None
             if len(draw_rows):
                 # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
                 draws = (step.ar_next | step.first_token).astype(np.int64)
@@ -266,11 +267,60 @@ class FixedRows(RowLayout):
                     self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
             sampled = every
             self.start_after_prefill(step, new, resumed, sampled, window_size, first_tokens)
+        else:
+            drawn = None
+        logprobs = None
+        if raw_logits is not None and any(state.logprobs for state in states):
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
         self.trace(step.req_ids, planned_afresh, window_size)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
+
+    def returned_logprobs(self, raw_logits: torch.Tensor, sampled: torch.Tensor, drawn: torch.Tensor | None,
+                          states: list, rows_per_window: int) -> LogprobsTensors:
+        """The log-probs of every returned cell (``sampled`` [B, width], device), for the requests that
+        ask (``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
+        its verification row c - 1 drew, cell 0 its kept slot-0 entry; an AR-decoded request's cell 0
+        its draw (``drawn``, the draws' rows in batch order). The new slot-0 token of each lossless
+        window (its table row's, drawn by the row after its run) and of each new lossless request is kept."""
+        step, device, table = self.step, self.device, self.table
+        width = sampled.shape[1]
+        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        lossless = np.flatnonzero(step.window & step.lossless & wants)  # [Bl] batch rows
+        windows = np.searchsorted(window_rows, lossless)  # [Bl] their window index
+        draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
+        draws = np.flatnonzero(wants[draw_rows])  # [d]: the draws of requests that ask
+        # The rows to read: each lossless window's verification rows for cells 1.., its row after
+        # the run (for the kept entry), then the draws.
+        check = torch.from_numpy(windows[:, None] * rows_per_window + np.arange(width - 1)[None]).to(
+            device, non_blocking=True)  # [Bl, width - 1]
+        index = torch.from_numpy(lossless).to(device, non_blocking=True)
+        slots = torch.from_numpy(step.slots[lossless]).to(device, non_blocking=True)
+        run = (sampled[index] >= 0).sum(1)  # [Bl]
+        after = check[:, 0] + run - 1  # [Bl]
+        num_windows = len(window_rows) * rows_per_window
+        draw_index = torch.from_numpy(num_windows + draws).to(device, non_blocking=True)  # [d]
+        rows = torch.cat([check.flatten(), after, draw_index])
+        tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[slots, 0],
+                            drawn[torch.from_numpy(draws).to(device)] if len(draws) else after[:0]])
+        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits[rows], tokens), len(table.pos_penalty))
+        n = rows.shape[0]
+        source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
+        lossless_cells = torch.cat([n + slots[:, None], torch.arange(check.numel(), device=device).view_as(check)], 1)
+        source[index] = lossless_cells
+        ar = np.flatnonzero(step.ar_next[draw_rows[draws]])  # positions among ``draws`` of the AR ones
+        ar_offset = check.numel() + len(lossless)
+        source[torch.from_numpy(draw_rows[draws][ar]).to(device), 0] = torch.from_numpy(ar_offset + ar).to(device)
+        cells = self.token_logprobs.cells(bank, source)
+        first = np.flatnonzero(step.first_token[draw_rows[draws]])  # new lossless requests that ask
+        kept_slots = torch.cat([slots, torch.from_numpy(step.slots[draw_rows[draws][first]]).to(device)])
+        kept_rows = torch.cat([torch.arange(check.numel(), check.numel() + len(lossless), device=device),
+                               torch.from_numpy(ar_offset + first).to(device)])
+        self.token_logprobs.keep(bank, kept_slots, kept_rows)
+        return cells
 
     def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
                             window_size: int, first_tokens: torch.Tensor | None) -> None:

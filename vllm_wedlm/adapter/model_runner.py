@@ -140,7 +140,8 @@ class WeDLMRunnerMixin:
                                  autoregressive=request_decoding(sampling.extra_args) == "ar",
                                  edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
                                                      sampling.min_tokens, sampling.all_stop_token_ids),
-                                 min_p=sampling.min_p, context_edits=ContextEdits.of(sampling))
+                                 min_p=sampling.min_p, context_edits=ContextEdits.of(sampling),
+                                 logprobs=sampling.logprobs is not None)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state

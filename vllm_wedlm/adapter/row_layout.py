@@ -24,6 +24,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
+from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
 from vllm_wedlm.core.params import WeDLMParams
@@ -59,6 +60,7 @@ class RequestState:
     # Its penalties and bad words, which read the tokens before each row (None: none).
     context_edits: ContextEdits | None = None
     history_started: bool = False  # its prompt is in the token history of context_edits.py
+    logprobs: bool = False  # asks for the log-probs of its tokens (token_logprobs.py)
 
 
 @dataclass
@@ -125,6 +127,7 @@ class RowLayout:
         self.window_step = window_step  # the step's device work (``window_step.py``); compiled on a GPU
         self.step: StepRows | None = None  # the step in flight, from ``prepare`` to ``sample``
         self.context_edits = RowContextEdits(self)
+        self.token_logprobs = TokenLogprobs(runner.model_config.max_logprobs, self.device)
 
     # The interface, in the order vLLM calls it.
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
