@@ -31,6 +31,10 @@ def stock_vllm_families(serve_argv: list[str]) -> set[tuple[str, str]]:
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(serve_argv)
     logger = PrometheusStatLogger(AsyncEngineArgs.from_cli_args(args).create_engine_config(), [0])
     logger.log_engine_initialized()  # what the engine client does once the engine is up
+    if args.tool_call_parser is not None:  # what the API server registers for a tool parser
+        from vllm.parser.metrics import init_parser_metrics
+
+        init_parser_metrics(model_name=str(args.model))
     try:
         return families(generate_latest(REGISTRY).decode(), "vllm:")
     finally:

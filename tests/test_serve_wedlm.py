@@ -27,8 +27,11 @@ from vllm_wedlm.server_process import prometheus_counters
 WINDOW = 8
 FILL_ALL = {"wedlm_entropy_threshold": 1e9}  # every mask fills: whole windows commit at once
 PROMPT = "1, 2, 3, 4, 5"
+# No free whitespace in structured JSON: the random model would fill its budget with it.
 ARGS = ("--decoding", "wedlm", "--wedlm-window-size", str(WINDOW), "--dtype", "float32",
-        "--wedlm-entropy-threshold", "0.4")
+        "--wedlm-entropy-threshold", "0.4",
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +177,37 @@ def test_logprobs_and_echo_over_http(setup):
     assert all(isinstance(value, float) and value <= 0 for value in values[1:])
 
 
+TOOL = {"type": "function", "function": {
+    "name": "paint", "description": "Paint the fence.",
+    "parameters": {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+                   "required": ["colour"], "additionalProperties": False}}}
+
+
+def test_structured_outputs_and_tool_calls_over_http(setup):
+    """A JSON schema (``response_format``), a choice, and chat tool calls with ``tool_choice`` named or
+    required, in WeDLM mode (tests/test_structured_outputs.py has the engine-level proof): each is
+    decoded AR under vLLM's grammar, equal to a per-request AR request, streamed or not."""
+    url, *_ = setup
+    schema = {"type": "json_schema", "json_schema": {"name": "fence", "schema": TOOL["function"]["parameters"]}}
+    body = {"messages": [{"role": "user", "content": "Paint it."}], "temperature": 0, "max_tokens": 48,
+            "response_format": schema}
+    answers = [post(url, "/v1/chat/completions", {**body, "vllm_xargs": xargs}).json()["choices"][0]
+               for xargs in ({}, {"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
+    assert answers[0]["message"]["content"] == answers[1]["message"]["content"] == answers[2]["message"]["content"]
+    assert json.loads(answers[0]["message"]["content"])["colour"] in ("red", "green", "blue")
+    events = sse_events(post(url, "/v1/chat/completions", {**body, "stream": True}, stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == (
+        answers[0]["message"]["content"])
+    choice = completion(url, max_tokens=8, structured_outputs={"choice": ["left", "right"]})["text"]
+    assert choice in ("left", "right")
+    chat = {"messages": [{"role": "user", "content": "Paint the fence."}], "temperature": 0, "max_tokens": 64,
+            "tools": [TOOL]}
+    for tool_choice in ({"type": "function", "function": {"name": "paint"}}, "required"):
+        answer = post(url, "/v1/chat/completions", {**chat, "tool_choice": tool_choice}).json()
+        call = answer["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "paint" and json.loads(call["arguments"])["colour"] in ("red", "green", "blue")
+
+
 def test_prompt_logprobs_over_http(setup):
     """vLLM's ``prompt_logprobs``: the prefill's, the same for a plain WeDLM request (whose first
     window rides with the prompt), a lossless one and a per-request AR one."""
@@ -232,8 +266,6 @@ def test_chat_stream(setup):
     ({"vllm_xargs": {"wedlm_pos_penalty": -2}}, "pos_penalty must be a finite number"),
     ({"vllm_xargs": {"wedlm_lossless": "yes"}}, "wedlm_lossless must be true or false"),
     ({"vllm_xargs": {"wedlm_lossless": 2}}, "wedlm_lossless must be true or false"),
-    ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured outputs"),
-    ({"response_format": {"type": "json_object"}}, "structured outputs"),
     ({"logprobs": 2}, "logprobs of plain WeDLM tokens.*wedlm_lossless"),
     # Misspelt knobs: an error naming the accepted keys, not a silent default.
     ({"vllm_xargs": {"wedlm_window": 4}},

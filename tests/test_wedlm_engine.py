@@ -98,15 +98,6 @@ def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):
     assert len(llm.generate(["1, 2"], greedy(4), use_tqdm=False)[0].outputs[0].token_ids) == 4
 
 
-def test_structured_outputs_are_refused(llm):
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
-    with pytest.raises(ValueError, match="structured outputs"):
-        llm.generate(["1, 2"], params, use_tqdm=False)
-
-
 def test_preemption_and_chunked_prefill_change_nothing(sharp):
     """Invariant 5: a batch that does not fit the KV cache (so vLLM preempts and re-prefills,
     and the window resumes where it stopped) gives each request exactly what it gets alone. The

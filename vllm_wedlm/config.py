@@ -231,6 +231,15 @@ def request_flag(extra_args: dict, key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
+def decodes_ar(sampling_params) -> bool:
+    """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
+    (``wedlm_decoding: "ar"``), or for structured outputs (a grammar, a JSON schema, a tool call),
+    whose grammar mask vLLM's scheduler computes for one row per request."""
+    extra_args = sampling_params.extra_args if sampling_params is not None else None
+    structured = sampling_params is not None and sampling_params.structured_outputs is not None
+    return structured or request_decoding(extra_args) == "ar"
+
+
 def request_decoding(extra_args: dict | None) -> str:
     """How a request on a WeDLM engine is decoded: ``extra_args["wedlm_decoding"]``, default "wedlm"."""
     mode = (extra_args or {}).get(REQUEST_DECODING, "wedlm")

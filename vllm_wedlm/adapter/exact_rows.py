@@ -141,6 +141,10 @@ class ExactRows(RowLayout):
         host = table.host
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
+            first_row = np.cumsum(step.num_logits) - step.num_logits  # [B]
+            ar_rows = {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)}
+            logits = self.with_grammar(logits, ar_rows)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))

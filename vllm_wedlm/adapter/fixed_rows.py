@@ -221,6 +221,11 @@ class FixedRows(RowLayout):
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
+            draws = np.flatnonzero(step.ar_next | step.first_token)  # the draws' rows follow the windows'
+            first = len(window_rows) * rows_per_window
+            logits = self.with_grammar(logits, {step.req_ids[i]: first + k for k, i in enumerate(draws)
+                                                if step.ar_next[i]})
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window),

@@ -35,7 +35,7 @@ from vllm_wedlm.adapter.request_validator import refuse_custom_logits_processors
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
-from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 from vllm_wedlm.core.logit_edits import LogitEdits
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class WeDLMRunnerMixin:
             sampling = self.requests[req_id].sampling_params
             state = RequestState(slot=self.wedlm_table.allocate(),
                                  params=self.wedlm.request_params(sampling.extra_args),
-                                 autoregressive=request_decoding(sampling.extra_args) == "ar",
+                                 autoregressive=decodes_ar(sampling),
                                  edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
                                                      sampling.min_tokens, sampling.all_stop_token_ids),
                                  min_p=sampling.min_p, context_edits=ContextEdits.of(sampling),
@@ -208,7 +208,10 @@ class WeDLMRunnerMixin:
             self.input_batch.generators = generators
 
     def sample_tokens(self, grammar_output):
-        return self.wedlm_rows.runner_output(super().sample_tokens(grammar_output))
+        # vLLM would apply the grammar masks at its own rows (one per request, plus its drafts');
+        # the layout applies them at the structured-output requests' rows of a WeDLM step.
+        self.wedlm_rows.grammar_output = grammar_output
+        return self.wedlm_rows.runner_output(super().sample_tokens(None))
 
 
 class WeDLMWorkerMixin:

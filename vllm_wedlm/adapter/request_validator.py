@@ -15,7 +15,7 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import WeDLMSettings, request_decoding
+from vllm_wedlm.config import WeDLMSettings, decodes_ar
 from vllm_wedlm.core import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
@@ -33,12 +33,9 @@ def validator_qualname(server_lossless: bool) -> str:
     return LOSSLESS_QUALNAME if server_lossless else QUALNAME
 
 def unsupported_features(params: SamplingParams) -> list[str]:
-    """Names of the requested features the WeDLM sampler does not implement (yet): a grammar needs
-    the exact text before a row; the log-probs of chosen tokens, or of all tokens, bookkeeping of
-    their own."""
+    """Names of the requested features the WeDLM sampler does not implement (yet): the log-probs of
+    chosen tokens, or of all tokens, need bookkeeping of their own."""
     found = []
-    if params.structured_outputs is not None:
-        found.append("structured outputs (guided decoding, response_format)")
     if params.logprob_token_ids:
         found.append("logprob_token_ids")
     if params.thinking_token_budget is not None:
@@ -80,7 +77,7 @@ class WeDLMRequestValidator(LogitsProcessor):
             if sampling_params.logprobs < 0:
                 raise ValueError("Not supported with --decoding wedlm: logprobs -1 (the whole vocabulary); ask for "
                                  "a number, or use a server started with --decoding ar")
-            if not params.lossless and request_decoding(sampling_params.extra_args) != "ar":
+            if not params.lossless and not decodes_ar(sampling_params):
                 raise ValueError("Not supported with --decoding wedlm: logprobs of plain WeDLM tokens. Lossless "
                                  'requests (vllm_xargs {"wedlm_lossless": true}, or a server started with '
                                  '--wedlm-lossless) and AR ones ({"wedlm_decoding": "ar"}) return them, the same as '

@@ -24,6 +24,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
+from vllm_wedlm.adapter.grammar_rows import apply_grammar
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
@@ -128,6 +129,7 @@ class RowLayout:
         self.step: StepRows | None = None  # the step in flight, from ``prepare`` to ``sample``
         self.context_edits = RowContextEdits(self)
         self.token_logprobs = TokenLogprobs(runner.model_config.max_logprobs, self.device)
+        self.grammar_output = None  # the step's structured-output masks (vLLM's GrammarOutput), if any
 
     # The interface, in the order vLLM calls it.
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
@@ -181,6 +183,13 @@ class RowLayout:
         has_window = np.fromiter((s.has_window for s in states), bool, len(states))
         windowed = step.completes_prefill & ~step.autoregressive
         return states, windowed & ~has_window, windowed & has_window
+
+    def with_grammar(self, logits: torch.Tensor, row_of: dict[str, int]) -> torch.Tensor:
+        """``logits`` with the step's grammar masks applied at the next-token rows ``row_of`` (request
+        id -> row) of the structured-output requests, which are decoded AR (``grammar_rows.py``)."""
+        if self.grammar_output is not None:
+            apply_grammar(logits, self.grammar_output, row_of)
+        return logits
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to

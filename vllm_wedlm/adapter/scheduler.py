@@ -32,7 +32,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm_wedlm.adapter.async_gate import padding_gate
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.config import WeDLMSettings, max_window_tokens, request_decoding
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -119,7 +119,7 @@ class WeDLMScheduler(Scheduler):
 
     def _plain_wedlm(self, request) -> bool:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        return request_decoding(extra_args) == "wedlm" and not self.wedlm.request_params(extra_args).lossless
+        return not decodes_ar(request.sampling_params) and not self.wedlm.request_params(extra_args).lossless
 
     def update_from_output(self, scheduler_output, model_runner_output):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
@@ -279,7 +279,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def add_request(self, request) -> None:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        if request_decoding(extra_args) == "ar":
+        if decodes_ar(request.sampling_params):
             self._autoregressive.add(request.request_id)
         elif self.wedlm.request_params(extra_args).lossless:
             self._lossless.add(request.request_id)
