@@ -55,22 +55,24 @@ class RowContextEdits:
         and penalises last) with each request's context edits applied to its rows; ``row_requests``
         [N]: each row's index into ``states``."""
         layout = self.layout
-        step, runner, device = layout.step, layout.runner, layout.device
+        step, device = layout.step, layout.device
         edited = np.fromiter((s.context_edits is not None for s in states), bool, len(states))  # [B]
         self._record(states, edited)
         rows = np.flatnonzero(edited[row_requests])  # [n] host
         if not len(rows):
             return logits
         requests = row_requests[rows]  # [n]
-        prompt_len = np.fromiter((runner.requests[r].num_prompt_tokens for r in step.req_ids), np.int64,
-                                 len(states))  # [B]
+        prompt_len = layout.prompt_lengths()  # [B]
         index = torch.from_numpy(rows).to(device, non_blocking=True)  # [n]
         slot = torch.from_numpy(step.slots[requests]).to(device, non_blocking=True)  # [n]
         begin = torch.from_numpy(prompt_len[requests]).to(device, non_blocking=True)  # [n]
         position = layout.row_positions()[index]  # [n]
         for i in np.flatnonzero(edited):
-            for word in states[i].context_edits.bad_words:
-                mine = torch.from_numpy(requests == i).to(device, non_blocking=True)  # [n]
+            words = states[i].context_edits.bad_words
+            if not words:
+                continue
+            mine = torch.from_numpy(requests == i).to(device, non_blocking=True)  # [n]: its rows
+            for word in words:
                 banned = mine & ends_with(self.history, slot, begin, position, word[:-1])  # [n]
                 logits[index, word[-1]] = logits[index, word[-1]].masked_fill(banned, float("-inf"))
         penalised = np.fromiter((states[i].context_edits.penalises for i in requests), bool, len(requests))
@@ -100,8 +102,8 @@ class RowContextEdits:
             return
         layout = self.layout
         step, runner, device, table = layout.step, layout.runner, layout.device, layout.table
-        if self.history is None or self.history.shape[0] < len(table.pos_penalty):
-            grown = empty_history(len(table.pos_penalty), layout.max_model_len, device)
+        if self.history is None or self.history.shape[0] < table.num_slots:
+            grown = empty_history(table.num_slots, layout.max_model_len, device)
             if self.history is not None:
                 grown[: self.history.shape[0]] = self.history
             self.history = grown

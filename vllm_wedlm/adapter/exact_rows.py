@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
+from vllm_wedlm.adapter.grammar_rows import apply_grammar
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import plan_rows
@@ -45,6 +46,11 @@ MASK_ROW = 0  # a window's mask row: entropy and a draw for the fill
 CHECK_ROW = 1  # a lossless window's leading-run row: checks the next fill (core.sampling.verify)
 AR_NEXT_ROW = 2  # an AR-decoded request's next token (its last row)
 FIRST_TOKEN_ROW = 3  # a lossless request's first token (the prompt's last row): its window's slot 0
+
+
+def first_logits_rows(step: StepRows) -> np.ndarray:
+    """[B] int64: each request's first logits row (a step's rows are grouped by request)."""
+    return np.cumsum(step.num_logits) - step.num_logits
 
 
 class ExactRows(RowLayout):
@@ -142,9 +148,9 @@ class ExactRows(RowLayout):
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
-            first_row = np.cumsum(step.num_logits) - step.num_logits  # [B]
-            ar_rows = {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)}
-            logits = self.with_grammar(logits, ar_rows)
+            first_row = first_logits_rows(step)
+            apply_grammar(logits, self.grammar_output,
+                          {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
@@ -280,9 +286,9 @@ class ExactRows(RowLayout):
         token each lossless window and each new lossless request put in slot 0 now is kept."""
         step = self.step
         num_rows = len(row_kind)
-        first_row = np.cumsum(step.num_logits) - step.num_logits  # [B]
+        first_row = first_logits_rows(step)  # [B]
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
-        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits, tokens), len(self.table.pos_penalty))
+        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits, tokens), self.table.num_slots)
         source = np.zeros((len(states), width), np.int64)  # [B, width]: each cell's bank entry
         kept_slots, kept_rows = [], []
         lossless = step.window & step.lossless & wants  # [B]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
+from vllm_wedlm.adapter.grammar_rows import apply_grammar
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import check_rows, leading_runs
 from vllm_wedlm.config import max_window_tokens
@@ -221,15 +222,13 @@ class FixedRows(RowLayout):
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
-            draws = np.flatnonzero(step.ar_next | step.first_token)  # the draws' rows follow the windows'
-            first = len(window_rows) * rows_per_window
-            logits = self.with_grammar(logits, {step.req_ids[i]: first + k for k, i in enumerate(draws)
-                                                if step.ar_next[i]})
+            apply_grammar(logits, self.grammar_output, {step.req_ids[i]: num_window_logits + k
+                                                        for k, i in enumerate(draw_rows) if step.ar_next[i]})
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
-            logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window),
-                                                                 np.flatnonzero(step.ar_next | step.first_token)]))
+            logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
         if step.window.any():
             w_slots, run, start, rows, padded, w_lossless = self.forwarded
             runner.wedlm_request_forwards += len(window_rows)
@@ -248,15 +247,15 @@ class FixedRows(RowLayout):
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
             if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
                 self.void_windows = self.void_windows + void.sum()
+        drawn = None  # [Bd]: the draws' tokens, in batch order
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
             every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
-            draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
             ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
             index = torch.from_numpy(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]])).to(
                 self.device, non_blocking=True)
             if sampled is not None:
                 every[index[: len(window_rows)]] = sampled
-            first_tokens = drawn = None
+            first_tokens = None
             if len(draw_rows):
                 # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
                 draws = (step.ar_next | step.first_token).astype(np.int64)
@@ -272,8 +271,6 @@ class FixedRows(RowLayout):
                     self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
             sampled = every
             self.start_after_prefill(step, new, resumed, sampled, window_size, first_tokens)
-        else:
-            drawn = None
         logprobs = None
         if raw_logits is not None and any(state.logprobs for state in states):
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window)
@@ -311,7 +308,7 @@ class FixedRows(RowLayout):
         rows = torch.cat([check.flatten(), after, draw_index])
         tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[slots, 0],
                             drawn[torch.from_numpy(draws).to(device)] if len(draws) else after[:0]])
-        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits[rows], tokens), len(table.pos_penalty))
+        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits[rows], tokens), table.num_slots)
         n = rows.shape[0]
         source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
         lossless_cells = torch.cat([n + slots[:, None], torch.arange(check.numel(), device=device).view_as(check)], 1)

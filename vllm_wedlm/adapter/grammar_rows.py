@@ -22,12 +22,11 @@ def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) ->
     import xgrammar as xgr
 
     bitmask = grammar_output.grammar_bitmask  # [masks, words] int32, numpy
-    chosen, indices, index = [], [], 0
-    for req_id in grammar_output.structured_output_request_ids:
+    chosen, indices = [], []  # which masks, and the row each goes to
+    for index, req_id in enumerate(grammar_output.structured_output_request_ids):
         if req_id in rows:
             chosen.append(index)
             indices.append(rows[req_id])
-        index += 1
     if not indices:
         return
     masks = torch.from_numpy(np.ascontiguousarray(bitmask[chosen])).to(logits.device, non_blocking=True)  # [n, words]

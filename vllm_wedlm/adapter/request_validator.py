@@ -32,6 +32,7 @@ def validator_qualname(server_lossless: bool) -> str:
     a request's mode, which decides whether its log-probs are served, is its own knobs over that."""
     return LOSSLESS_QUALNAME if server_lossless else QUALNAME
 
+
 def unsupported_features(params: SamplingParams) -> list[str]:
     """Names of the requested features the WeDLM sampler does not implement (yet): the log-probs of
     chosen tokens, or of all tokens, need bookkeeping of their own."""

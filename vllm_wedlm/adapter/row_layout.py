@@ -24,7 +24,6 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
-from vllm_wedlm.adapter.grammar_rows import apply_grammar
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
@@ -184,13 +183,6 @@ class RowLayout:
         windowed = step.completes_prefill & ~step.autoregressive
         return states, windowed & ~has_window, windowed & has_window
 
-    def with_grammar(self, logits: torch.Tensor, row_of: dict[str, int]) -> torch.Tensor:
-        """``logits`` with the step's grammar masks applied at the next-token rows ``row_of`` (request
-        id -> row) of the structured-output requests, which are decoded AR (``grammar_rows.py``)."""
-        if self.grammar_output is not None:
-            apply_grammar(logits, self.grammar_output, row_of)
-        return logits
-
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to
         its rows (``row_requests`` [N]: each row's index into ``states``), then its bad words and
@@ -201,13 +193,16 @@ class RowLayout:
             return logits
         output_index = None
         if any(state.edits is not None and state.edits.min_tokens for state in states):
-            prompt_len = np.fromiter((self.runner.requests[req_id].num_prompt_tokens for req_id in self.step.req_ids),
-                                     np.int64, len(self.step.req_ids))  # [B]
-            output_index = self.row_positions() - torch.from_numpy(prompt_len[row_requests]).to(
+            output_index = self.row_positions() - torch.from_numpy(self.prompt_lengths()[row_requests]).to(
                 self.device, non_blocking=True)
         logits = (edit_logits(logits, [states[i].edits for i in row_requests], output_index) if edited
                   else logits.to(torch.float32, copy=True))
         return self.context_edits.apply(logits, states, row_requests) if in_context else logits
+
+    def prompt_lengths(self) -> np.ndarray:
+        """[B] int64: the prompt length of each request of the step."""
+        return np.fromiter((self.runner.requests[req_id].num_prompt_tokens for req_id in self.step.req_ids),
+                           np.int64, len(self.step.req_ids))
 
     def window_starts(self, slots: np.ndarray) -> torch.Tensor:
         """[P] int64 on the device: where the windows forwarded now at ``slots`` start."""

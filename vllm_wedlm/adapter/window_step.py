@@ -181,7 +181,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     # The guards check inference mode and which inputs were made in it: a step runs in it (vLLM's
     # execute_model) and makes its own tensors there, the table's were made at the runner's start.
     with torch.inference_mode(table.windows.tokens.is_inference()):
-        empty = WindowBatch.empty(len(table.pos_penalty), table.capacity, table.mask_id, table.device)
+        empty = WindowBatch.empty(table.num_slots, table.capacity, table.mask_id, table.device)
         order, committed_len = torch.zeros_like(table.order), torch.zeros_like(table.committed_len)
         tau, lam = torch.zeros_like(table.entropy_threshold), torch.zeros_like(table.pos_penalty)
     # Each variant is an entry of the function's cache, more than dynamo's default limit of 8 (an
@@ -190,7 +190,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
           torch.inference_mode()):
         for window_size, windows, masks, greedy in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2),
                                                                      (True, False)):
-            if windows > len(table.pos_penalty) or masks > window_size or windows == masks == 2:
+            if windows > table.num_slots or masks > window_size or windows == masks == 2:
                 continue  # (2 windows of 2 masks: a variant 2 windows of 1 mask stands for)
             if fixed_rows:  # R logits rows per window, R the largest W (plain windows only: lossless run eagerly)
                 if masks == 2:

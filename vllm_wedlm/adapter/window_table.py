@@ -66,6 +66,11 @@ class WindowTable:
         self.host = HostWindows.zeros(slots, capacity)
         self._free = list(range(slots - 1, -1, -1))
 
+    @property
+    def num_slots(self) -> int:
+        """Rows of the table (it grows when a request finds none free)."""
+        return len(self.pos_penalty)
+
     def allocate(self) -> int:
         if not self._free:
             self._grow()
@@ -82,7 +87,7 @@ class WindowTable:
     def _grow(self) -> None:
         # Inside a step (inference mode) too, the grown tensors keep the kind the table was made
         # with: the compiled window step's guards check it (adapter/window_step.py).
-        old = len(self.pos_penalty)
+        old = self.num_slots
         with torch.inference_mode(self.windows.tokens.is_inference()):
             self.windows = WindowBatch.cat([self.windows, WindowBatch.empty(old, self.capacity, self.mask_id,
                                                                             self.device)])
