@@ -13,9 +13,13 @@
   its engine runs with ``--async-scheduling`` (fixed window rows, GPU only) or
   ``--no-async-scheduling`` (exact window rows); without one, the engine's default (on a GPU, async
   scheduling for a model whose forward hides the host's work, synchronous for a smaller one:
-  ``adapter/async_gate.py``; on a CPU, synchronous). Each result row records the scheduling that ran.
+  ``adapter/async_gate.py``; on a CPU, synchronous). Each result row records the scheduling that ran;
+* a ``+auto`` suffix on a WeDLM or lossless mode (``wedlm:0.4+auto``, before any ``+async``):
+  its engine sizes each request's window per step (``--wedlm-window-size auto``, or with
+  ``--window-tokens`` that knee and ``--window-size`` as the most); without it, W is fixed, unless
+  ``--window-tokens`` is given, which makes every WeDLM engine adaptive.
 
-All WeDLM, lossless and ``wedlm-ar`` modes of one suffix share one engine (all are per-request
+All WeDLM, lossless and ``wedlm-ar`` modes of the same suffixes share one engine (all are per-request
 knobs); AR and each n-gram setting need their own.
 """
 
@@ -24,11 +28,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vllm_wedlm.config import REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_LOSSLESS, max_window_tokens
+from vllm_wedlm.config import (
+    AUTO_WINDOW,
+    REQUEST_DECODING,
+    REQUEST_ENTROPY_THRESHOLD,
+    REQUEST_LOSSLESS,
+    max_window_tokens,
+)
+from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
 
 DEFAULT_NGRAM_TOKENS = 4
 #: Suffix -> the engine's scheduling: vLLM's --async-scheduling / --no-async-scheduling.
 SCHEDULING_SUFFIXES = {"+async": "async", "+sync": "sync"}
+ADAPTIVE_SUFFIX = "+auto"
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
 
 
@@ -41,6 +53,7 @@ class Mode:
     lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
     scheduling: str | None = None  # a WeDLM engine's: "async", "sync" or None (the engine's default)
     per_request_ar: bool = False  # requests decoded AR on a WeDLM engine (one token per forward)
+    adaptive: bool = False  # a WeDLM engine whose windows size themselves (``core/window_policy.py``)
 
     @property
     def windows(self) -> bool:
@@ -52,14 +65,22 @@ class Mode:
         """Modes with equal ``engine`` run on one engine."""
         if self.ngram_tokens:
             return f"ngram:{self.ngram_tokens}"
-        return self.decoding + (f"+{self.scheduling}" if self.scheduling else "")
+        return (self.decoding + (ADAPTIVE_SUFFIX if self.adaptive else "")
+                + (f"+{self.scheduling}" if self.scheduling else ""))
 
     def additional_config(self, window_size: int, window_tokens: int | None = None) -> dict:
-        """``window_tokens``: the adaptive window's budget (WINDOW_TOKENS_KEY), None = a fixed W."""
-        if self.decoding == "wedlm":
-            config = {"decoding": "wedlm", "window_size": window_size}
-            return config if window_tokens is None else {**config, "window_tokens": window_tokens}
-        return {"decoding": "ar"}
+        """``window_tokens``: the adaptive window's knee (WINDOW_TOKENS_KEY; it makes W adaptive),
+        None = the model's knee where the mode is adaptive, else a fixed W."""
+        if self.decoding != "wedlm":
+            return {"decoding": "ar"}
+        if window_tokens is not None:
+            return {"decoding": "wedlm", "window_size": window_size, "window_tokens": window_tokens}
+        if self.adaptive:
+            if window_size != DEFAULT_WINDOW_SIZE:
+                raise ValueError(f"{self.name}: an adaptive window of at most W {window_size} needs --window-tokens "
+                                 f"(its knee); '{AUTO_WINDOW}' means at most {DEFAULT_WINDOW_SIZE}")
+            return {"decoding": "wedlm", "window_size": AUTO_WINDOW}
+        return {"decoding": "wedlm", "window_size": window_size}
 
     def speculative_config(self) -> dict | None:
         if not self.ngram_tokens:
@@ -78,6 +99,11 @@ class Mode:
 
 def parse_mode(text: str) -> Mode:
     text = text.strip()
+    if text.endswith(ADAPTIVE_SUFFIX):
+        mode = parse_mode(text[: -len(ADAPTIVE_SUFFIX)])
+        if not mode.windows or mode.scheduling:
+            raise ValueError(f"{ADAPTIVE_SUFFIX} is for WeDLM and lossless modes, before any +async or +sync: {text!r}")
+        return replace(mode, name=mode.name + ADAPTIVE_SUFFIX, adaptive=True)
     for suffix, scheduling in SCHEDULING_SUFFIXES.items():
         if text.endswith(suffix):
             mode = parse_mode(text[: -len(suffix)])
@@ -104,7 +130,7 @@ def parse_mode(text: str) -> Mode:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
     raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU] or "
-                     "wedlm-ar, the WeDLM ones with +async or +sync")
+                     "wedlm-ar, the WeDLM ones with +auto, +async or +sync")
 
 
 def parse_modes(text: str) -> list[Mode]:

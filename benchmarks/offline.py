@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
@@ -123,9 +124,15 @@ class _Measurement:
             forwards = dict.fromkeys(times, 0)
             steps: dict[str, dict[str, int]] = {name: {} for name in times}  # WeDLM: steps per graph mode
             plain_steps = {name: {"compiled": 0, "eager": 0} for name in times}  # WeDLM: window step runs
+            histograms: dict[str, dict[int, int]] = {}  # an adaptive window's W: windows planned at each
             outputs = {}
-            for _ in range(self.repeats):
+            for repeat in range(self.repeats):
                 for mode, llm, counter in runs:
+                    # The W of every window an adaptive engine plans, recorded in the last repeat.
+                    traced = mode.windows and (mode.adaptive or self.window_tokens is not None) and (
+                        repeat == self.repeats - 1)
+                    if traced:
+                        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
                     params = sampling_params(mode, limit, self.ignore_eos)
                     before = counter.snapshot()
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
@@ -136,6 +143,10 @@ class _Measurement:
                     else:
                         outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
                     times[mode.name].append(time.perf_counter() - start)
+                    if traced:
+                        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+                        histograms[mode.name] = dict(sorted(Counter(w for sizes in trace.values()
+                                                                    for w in sizes).items()))
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs[mode.name])
                     forwards[mode.name] += counter.forwards(before, counter.snapshot(), tokens)
                     if mode.decoding == "wedlm":
@@ -146,11 +157,11 @@ class _Measurement:
             for mode, llm, _ in runs:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
                           forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name],
-                          engine_scheduling(llm) if mode.decoding == "wedlm" else {})
+                          engine_scheduling(llm) if mode.decoding == "wedlm" else {}, histograms.get(mode.name))
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
              times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int],
-             scheduling: dict[str, str]) -> None:
+             scheduling: dict[str, str], window_histogram: dict[int, int] | None = None) -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -158,6 +169,7 @@ class _Measurement:
             "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
             "max_tokens": limit, "window_size": self.window_size if wedlm else None,
             "window_tokens": self.window_tokens if wedlm else None,
+            "adaptive_window": (mode.adaptive or self.window_tokens is not None) if wedlm else None,
             "requests": len(outputs),
             "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
             "output_tokens": tokens, "seconds": round(seconds, 4),
@@ -170,5 +182,7 @@ class _Measurement:
             row.update(scheduling)
             row["graph_modes"] = steps
             row["window_steps"] = plain_steps  # steps of plain windows: device work compiled / eager
+            if window_histogram is not None:
+                row["window_histogram"] = {str(w): n for w, n in window_histogram.items()}  # W: windows planned
         self.rows.append(row)
         self.progress(len(self.rows), self.total, row)

@@ -40,7 +40,8 @@ def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[s
     args = ["--decoding", mode.decoding, "--max-num-seqs", str(max_concurrency),
             "--max-num-batched-tokens", str(token_budget(max_concurrency, window_size))]
     if mode.decoding == "wedlm":
-        args += ["--wedlm-window-size", str(window_size)]
+        config = mode.additional_config(window_size, window_tokens)
+        args += ["--wedlm-window-size", str(config["window_size"])]
         if window_tokens is not None:
             args += ["--wedlm-window-tokens", str(window_tokens)]
     if mode.scheduling:
@@ -169,6 +170,7 @@ def _point(model: str, url: str, mode: Mode, kind: str, shots: int, limit: int, 
         "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
         "max_tokens": limit, "window_size": window_size if wedlm else None,
         "window_tokens": window_tokens if wedlm else None,
+        "adaptive_window": (mode.adaptive or window_tokens is not None) if wedlm else None,
         "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
         "output_tok_s": round(tokens / wall, 2),
         "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),

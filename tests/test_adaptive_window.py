@@ -1,14 +1,12 @@
-"""The adaptive window (``window_tokens``, ``--wedlm-window-size auto``) through ``vllm.LLM``.
+"""The adaptive window (``--wedlm-window-size auto``) through ``vllm.LLM``.
 
-Each step the engine plans every window with one W chosen from the number of windows
-(``WeDLMSettings.step_window_size``), so a request's W changes as others start and finish. The
-engine records the W of each window it plans (``wedlm_trace_window_sizes``); the reference decoder,
-given that sequence, must produce exactly the engine's tokens and forwards, plain and lossless
-requests mixed in one batch. The batch is built so that W moves both ways whatever the order in
-which requests reach the engine (they arrive over IPC while it already runs): the first request's
-prompt is short and every other one is longer than a step's token budget, so the first request
-starts alone (W 16) and is still running when others have finished their chunked prefills (W down);
-requests finish at different times and waiting ones take their place, and the last ones run alone.
+Each step the scheduler gives every window it plans its own W (``core/window_policy.py``: from
+what the request's windows committed and what rows cost), so a request's W moves as its text gets
+easier or harder. The engine records the W of each window it plans (``wedlm_trace_window_sizes``);
+the reference decoder, given that sequence, must produce exactly the engine's tokens and forwards,
+plain and lossless requests mixed in one batch, in both row layouts, and through preemption and
+chunked re-prefill. The first batch is built so that requests start and finish at different steps
+(the first request's prompt is short and every other one is longer than a step's token budget).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
 from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference import ReferenceDecoder, StopRule
 
-MAX_WINDOW, WINDOW_TOKENS, TAU = 16, 32, 0.4  # W from 32 // 8 = 4 (a full batch) up to 16 (one request)
+MAX_WINDOW, TAU = 16, 0.4
 MAX_NUM_SEQS = 8
 TOKEN_BUDGET = MAX_NUM_SEQS * 2 * MAX_WINDOW  # max_num_batched_tokens: every window fits
 PROMPTS = ["0, 1, 2, the lamp reads 0 apples"] + [
@@ -45,8 +43,7 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
 
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
-    wedlm = {"decoding": "wedlm", "window_size": MAX_WINDOW, "window_tokens": WINDOW_TOKENS, "entropy_threshold": TAU,
-             "fixed_window_rows": fixed_rows}
+    wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU, "fixed_window_rows": fixed_rows}
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", async_scheduling=fixed_rows,
@@ -72,8 +69,8 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
         expected_forwards += expected.num_forwards
     assert forwards == expected_forwards
 
-    # W really moved: the whole window for the first request, alone, then down as others joined
-    # (its window kept its fills), and up again as the batch emptied.
+    # W really moved: the whole window for each request's first plans, then down where its windows
+    # committed little (a window kept its fills), and up again.
     first = by_request[outputs[0].request_id]
     assert first[0] == MAX_WINDOW and min(first) < MAX_WINDOW, first
     assert any(a < b for sizes in by_request.values() for a, b in zip(sizes[:-1], sizes[1:], strict=True)), by_request
@@ -82,3 +79,47 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
     fixed = [reference.generate(list(o.prompt_token_ids), StopRule(max_tokens=n), WeDLMParams(TAU, 0.02, lossless=f))
              for o, n, f in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True)]
     assert sum(e.num_forwards for e in fixed) != expected_forwards
+
+
+#: Preemption: a KV cache of 40 blocks of 16 holds one long request or a few short ones, not the
+#: batch; re-prefills longer than CHUNK tokens run in chunks (as in test_window_invariance.py).
+BLOCK, KV_BLOCKS, CHUNK, MAX_MODEL_LEN, PREEMPT_TOKENS = 16, 40, 64, 512, 96
+PREEMPT_PROMPTS = ([f"{i}, {i + 1}, the lamp reads {i} apples" for i in range(28)]
+                   + [", ".join(str(n) for n in range(i * 7, i * 7 + 140)) for i in range(4)])
+
+
+@pytest.mark.parametrize("fixed_rows", [False, True], ids=["exact-rows", "fixed-rows"])
+def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows):
+    """Preempted requests keep their window (and its W) through the re-prefill: every output is the
+    reference decoder's at the engine's W sequence, lossless ones included."""
+    from vllm import SamplingParams
+
+    from engines import kv_bytes_per_token
+
+    config = WeDLMConfig.from_pretrained(checkpoint)
+    reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
+    wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU}
+    if fixed_rows:  # every step pipelined, 2W rows per window (what async scheduling runs at small costs)
+        wedlm.update(fixed_window_rows=True, async_padding_tokens=1 << 20)
+    lossless = [i % 3 == 1 for i in range(len(PREEMPT_PROMPTS))]
+    params = [SamplingParams(temperature=0.0, max_tokens=PREEMPT_TOKENS, ignore_eos=True,
+                             extra_args={"wedlm_lossless": f}) for f in lossless]
+    with running_llm(checkpoint, dtype="float32", additional_config=wedlm, async_scheduling=fixed_rows or None,
+                     max_model_len=MAX_MODEL_LEN, block_size=BLOCK,
+                     kv_cache_memory_bytes=KV_BLOCKS * BLOCK * kv_bytes_per_token(config),
+                     max_num_batched_tokens=32 * MAX_WINDOW, long_prefill_token_threshold=CHUNK,
+                     enable_chunked_prefill=True, disable_log_stats=False) as llm:
+        (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+        outputs = llm.generate(PREEMPT_PROMPTS, params, use_tqdm=False)
+        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+        (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+    assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
+    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
+    rule = StopRule(max_tokens=PREEMPT_TOKENS, max_model_len=MAX_MODEL_LEN)
+    for output, f in zip(outputs, lossless, strict=True):
+        sizes = by_request[output.request_id]
+        expected = reference.generate(list(output.prompt_token_ids), rule, WeDLMParams(TAU, 0.02, lossless=f),
+                                      window_sizes=sizes)
+        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, f, sizes)
+    assert len({w for sizes in by_request.values() for w in sizes}) >= 3, by_request

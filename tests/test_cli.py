@@ -79,23 +79,20 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
                                                                  "window_tokens": 128}
 
 
-@pytest.mark.parametrize("config,window_size,window_tokens", [
-    ({}, 16, None),
-    ({"window_size": 8}, 8, None),
-    ({"window_size": "auto"}, 16, 256),
-    ({"window_size": "auto", "window_tokens": 64}, 16, 64),
-    ({"window_size": 32, "window_tokens": 128}, 32, 128),
+@pytest.mark.parametrize("config,window_size,adaptive,window_tokens", [
+    ({}, 16, False, None),
+    ({"window_size": 8}, 8, False, None),
+    ({"window_size": "auto"}, 16, True, None),
+    ({"window_size": "auto", "window_tokens": 64}, 16, True, 64),
+    ({"window_size": 32, "window_tokens": 128}, 32, True, 128),
+    ({"window_tokens": 128}, 16, True, 128),
 ])
-def test_the_adaptive_window_settings(config, window_size, window_tokens):
+def test_the_adaptive_window_settings(config, window_size, adaptive, window_tokens):
+    """"auto" or a knee (window_tokens) turns the adaptive window on: W per request and step, at most
+    window_size (core/window_policy.py; the scheduler chooses it); the knee defaults to the model's."""
     settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", **config})
-    assert (settings.window_size, settings.window_tokens) == (window_size, window_tokens)
-    # W per step: the window size when fixed; else about window_tokens slots in all, 1 to window_size each.
-    sizes = [settings.step_window_size(n) for n in (1, 4, 16, 64, 1024)]
-    if window_tokens is None:
-        assert sizes == [window_size] * 5
-    else:
-        assert sizes == [max(1, min(window_size, window_tokens // n)) for n in (1, 4, 16, 64, 1024)]
-        assert sizes[0] == window_size and sizes[-1] == 1
+    assert (settings.window_size, settings.adaptive_window, settings.window_tokens) == (
+        window_size, adaptive, window_tokens)
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -49,12 +49,16 @@ class WindowCounts:
     filled: list[bool] | None = None  # the planned window's slots, None before its first one
     resuming: bool = False  # re-prefilling after a preemption (the window is kept)
     start: int = 0  # tokens before the planned window
+    w: int = 0  # W of the planned window
 
     def plan(self, filled: list[bool], window_size: int, keep_length: bool = False) -> int:
         """Plan the next window from ``filled`` (slot order, after the committed run): its leading
         run, then masks up to ``window_size`` slots after it, within max_model_len (as
-        ``core.batch.plan_windows``); the run, which the step returns."""
+        ``core.batch.plan_windows``); the run, which the step returns. ``keep_length``: the window
+        after a preemption, its slots (and W) as they were."""
         self.start = self.computed
+        if not keep_length:
+            self.w = window_size
         run = leading_run(filled)
         filled_end = max((i + 1 for i, f in enumerate(filled) if f), default=0)
         length = len(filled) if keep_length else max(run + window_size, filled_end)
@@ -106,7 +110,8 @@ class ArCounts:
 @dataclass
 class RunnerCounts:
     """The step results of the fixed-rows runner, from each request's ``WindowCounts``, checking
-    that each window is scheduled 2W rows (pipelined) or exactly its own (not)."""
+    that each window is scheduled 2W rows (pipelined) or exactly its own (not), W the server's; an
+    adaptive window plans with the W the scheduler chose for it (``wedlm_window_sizes``)."""
 
     window_size: int
     rng: random.Random
@@ -117,6 +122,7 @@ class RunnerCounts:
     ar_pipelined: int = 0  # AR steps scheduled while the request's step before was in flight
     lossless_steps: int = 0  # lossless window steps, pipelined or not
     windows_pipelined: int = 0  # window steps scheduled while the request's window step before was in flight
+    sizes_seen: set[int] = field(default_factory=set)  # the adaptive window's W, as the scheduler chose them
 
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -153,6 +159,8 @@ class RunnerCounts:
         rows = out.num_scheduled_tokens[req_id]
         drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         window = self.requests[req_id]
+        chosen = getattr(out, "wedlm_window_sizes", None)
+        self.sizes_seen.update((chosen or {}).values())
         if isinstance(window, ArCounts):
             # Its known tokens, up to the one its last step draws (on the device if not back yet).
             assert not drafts and window.computed + rows <= window.prompt + window.drawn, (req_id, rows, window)
@@ -163,9 +171,11 @@ class RunnerCounts:
             window.drawn += 1
             assert window.prompt + window.drawn <= MAX_MODEL_LEN, (req_id, window)
             return 1
-        w, q = self.window_size, 2 * self.window_size
+        # W of the window this step plans (an adaptive window's own); rows are the server's W's.
+        w = self.window_size if chosen is None else chosen.get(req_id, window.w)  # (a prefill chunk: unused)
+        q = 2 * self.window_size
         if isinstance(window, LosslessCounts):
-            return self._lossless_step(req_id, window, rows, drafts, scheduler)
+            return self._lossless_step(req_id, window, rows, drafts, scheduler, w)
         if window.resuming:  # its window comes back once the output tokens are prefilled again
             assert not drafts, req_id
             window.computed += rows
@@ -187,9 +197,13 @@ class RunnerCounts:
         else:
             needed = len(window.filled)
             run = leading_run(window.filled)
-            # 2W rows (vLLM cuts them at max_model_len) or the window's own; while its last step is
-            # in flight (its run unknown), W and a predicted run: void if its run is longer
-            allowed = range(min(w, needed), q + 1) if in_flight else (needed, min(q, MAX_MODEL_LEN - window.start))
+            # 2W rows (vLLM cuts them at max_model_len) or W and its run (the window's own, but for
+            # an adaptive window of a smaller W); while its last step is in flight (its run
+            # unknown), W and a predicted run: void if its window is longer
+            room = MAX_MODEL_LEN - window.start
+            assert needed <= min(self.window_size + run, room), (req_id, window)  # what the rows hold
+            allowed = (range(min(self.window_size, needed), q + 1) if in_flight
+                       else (min(self.window_size + run, room), min(q, room)))
             assert rows in allowed, f"{req_id}: {rows} rows for a window of {needed} (2W = {q}, {in_flight=})"
             self.layouts["padded" if rows == q else "exact"] += 1
             if rows < needed:
@@ -200,9 +214,9 @@ class RunnerCounts:
         return window.forward(self.rng, w)
 
 
-    def _lossless_step(self, req_id: str, window: LosslessCounts, rows: int, drafts: int, scheduler) -> int:
+    def _lossless_step(self, req_id: str, window: LosslessCounts, rows: int, drafts: int, scheduler, w: int) -> int:
         """A lossless request's part of a step: its prompt (no first window rides with it), then
-        windows of 2W rows (cut at max_model_len), never void."""
+        windows of 2W rows (cut at max_model_len), never void; ``w``: W of the window it plans."""
         q = 2 * self.window_size
         if window.resuming or window.filled is None:
             assert not drafts, req_id
@@ -213,15 +227,16 @@ class RunnerCounts:
                 window.resuming = False
                 assert window.computed == window.start, (req_id, window)
             else:
-                window.plan([True], self.window_size)  # slot 0: the prompt's last row's draw
+                window.plan([True], w)  # slot 0: the prompt's last row's draw
             return 0
         assert rows in (q, MAX_MODEL_LEN - window.start) and rows >= len(window.filled), (req_id, rows, window)
         self.lossless_steps += 1
-        return window.forward(self.rng, self.window_size)
+        return window.forward(self.rng, w)
 
 
-def make_scheduler(path, window_size: int, padding, num_blocks: int):
-    """The engine's scheduler, with async scheduling on (vLLM's CPU platform turns it off)."""
+def make_scheduler(path, window_size: int | str, padding, num_blocks: int):
+    """The engine's scheduler, with async scheduling on (vLLM's CPU platform turns it off);
+    ``window_size`` "auto": the adaptive window."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -308,14 +323,18 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
     (16, 0, True, 4000, True, False),
     (16, 0, False, 600, True, True),
     (4, 0, True, 4000, True, False),
+    # The adaptive window: each window's rows follow its own W, which moves with what it commits.
+    ("auto", "auto", False, 300, False, True),
+    ("auto", 0, False, 600, True, True),
 ])
 def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_a_time, num_blocks, exact,
                                     preempted):
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen3"))
     scheduler, hasher = make_scheduler(path, window_size, padding, num_blocks)
+    adaptive = window_size == "auto"
     for seed in range(4):
         rng = random.Random(seed)
-        runner = RunnerCounts(window_size, rng)
+        runner = RunnerCounts(16 if adaptive else window_size, rng)
         # Windows alone, then with requests decoded AR among them, then lossless ones too.
         ar_share = 0.25 if seed else 0.0
         lossless_share = 0.25 if seed == 3 else 0.0
@@ -332,3 +351,6 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
         assert bool(runner.voids) == exact, runner.voids
         assert bool(runner.resumed) == preempted, runner.resumed
         assert runner.windows_pipelined, runner.windows_pipelined
+        # W moved (from 1 for windows that commit little up to 16 for those that fill), or never did.
+        assert runner.sizes_seen >= ({1, 16} if adaptive else set()) and len(runner.sizes_seen) >= 4 * adaptive, (
+            runner.sizes_seen)

@@ -123,7 +123,7 @@ def test_fixed_rows_serve_ar_requests_as_an_ar_engine(tmp_path):
 def test_fixed_rows_take_every_mode(extra):
     """Lossless and adaptive windows run on fixed rows (``test_lossless.py``, ``test_adaptive_window.py``)."""
     settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", "fixed_window_rows": True, **extra})
-    assert settings.fixed_window_rows and (settings.params.lossless or settings.window_tokens)
+    assert settings.fixed_window_rows and (settings.params.lossless or settings.adaptive_window)
 
 
 def test_fixed_rows_setting_is_a_boolean():

@@ -176,11 +176,12 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
     draws given or, greedy, not). After it, no step compiles (``fail_on_miss`` raises if one would),
     every step runs the compiled code, and that gives the eager function's result. The engine's own
     choice on a miss, eager without compiling, is checked on a variant left out. torch.compile with
-    a backend that runs the traced graph as is: dynamo's guards, no C++ compiler. ``fixed_rows``:
-    the step of fixed window rows (W logits rows per window, one W: no adaptive window)."""
+    a backend that runs the traced graph as is: dynamo's guards, no C++ compiler. W comes per window
+    (an adaptive window's, 1 included), a row of the slots' copy. ``fixed_rows``: the step of fixed
+    window rows (W logits rows per window, the largest W)."""
     window_size, padded_vocab, num_compiles, num_compiled_runs = 4, 16, [], []
     function = fixed_rows_window_step if fixed_rows else plain_window_step
-    window_sizes = (window_size,) if fixed_rows else (1, window_size)
+    window_sizes = (window_size,)
     logits_at = 3 if fixed_rows else 2  # the logits' place among the step's arguments
 
     def backend(graph, example_inputs):
@@ -205,15 +206,16 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
         num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
         logits = logits_of_rows(len(slots) * window_size if fixed_rows else num_masks)
         tokens = None if rng.random() < 0.5 else sample(logits, SamplingBatch(None, None, None, None), M)
-        slots_t, starts = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"))
-        if fixed_rows:  # slots and rows two rows of one tensor, as FixedRows.prepare makes them
-            slots_t, rows = plan_rows(np.array(slots), np.full(len(slots), 2 * window_size), torch.device("cpu"))
+        sizes = np.array([rng.choice([1, 2, window_size]) for _ in slots])  # each next window's W
+        slots_t, starts, sizes_t = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"), sizes)
+        if fixed_rows:  # slots, rows and W rows of one tensor, as FixedRows.prepare makes them
+            slots_t, rows, sizes_t = plan_rows(np.array(slots), np.full(len(slots), 2 * window_size),
+                                               torch.device("cpu"), sizes)
             run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
             return (table.windows, table.order, slots_t, logits, tokens, run, starts, rows, table.entropy_threshold,
-                    table.pos_penalty, window_size, 64, M, window_size, None)  # R = W logits rows, no lossless
-        next_window_size = rng.choice([1, window_size])  # an adaptive window's W, 1 included
+                    table.pos_penalty, sizes_t, 64, M, window_size, None)  # R = W logits rows, no lossless
         return (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, starts,
-                next_window_size, 64, M)
+                sizes_t, 64, M)
 
     rng = random.Random(0)
     for table_slots, table_in_inference_mode in ((1, False), (6, False), (6, True)):

@@ -31,7 +31,7 @@ from vllm_wedlm.config import (
     asks_for_wedlm,
     threshold_value,
 )
-from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE, DEFAULT_WINDOW_TOKENS
+from vllm_wedlm.core.params import DEFAULT_PARAMS, DEFAULT_WINDOW_SIZE
 from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE, MODEL_TYPE
 
 if TYPE_CHECKING:
@@ -68,12 +68,13 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        "forward, vLLM's ordinary path. 'wedlm': WeDLM's streaming parallel decoding.")
     group.add_argument("--wedlm-window-size", type=_int_or_auto, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}), or "
-                       f"'{AUTO_WINDOW}': adapt them to the batch each step, at most {DEFAULT_WINDOW_SIZE} "
-                       f"(--wedlm-window-tokens {DEFAULT_WINDOW_TOKENS}).")
+                       f"'{AUTO_WINDOW}': each request's own each step, from what its windows commit and what "
+                       f"rows cost, at most {DEFAULT_WINDOW_SIZE}.")
     group.add_argument("--wedlm-window-tokens", type=int, default=argparse.SUPPRESS,
-                       help="WeDLM mode: adapt the window to the batch each step, about this many undecided "
-                       "slots in all, at most --wedlm-window-size per request, at least one (default with "
-                       f"'--wedlm-window-size {AUTO_WINDOW}': {DEFAULT_WINDOW_TOKENS}; otherwise off).")
+                       help="WeDLM mode: size each request's window each step (as with "
+                       f"'--wedlm-window-size {AUTO_WINDOW}', at most --wedlm-window-size), taking this many "
+                       "window rows per step as free (the step-cost model's knee; default: from the model's "
+                       "size, 256 for a GPU).")
     group.add_argument("--wedlm-entropy-threshold", type=_threshold, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: fill every mask whose adjusted entropy is below this "
                        f"(default {DEFAULT_PARAMS.entropy_threshold}; 'none' = one per step). "

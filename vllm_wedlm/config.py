@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from vllm_wedlm.core.params import (
     DEFAULT_PARAMS,
     DEFAULT_WINDOW_SIZE,
-    DEFAULT_WINDOW_TOKENS,
     WeDLMParams,
-    adaptive_window_size,
     validate_window_size,
     validate_window_tokens,
 )
@@ -30,9 +28,10 @@ DEFAULT_DECODING = "ar"
 #: additional_config keys (server-wide settings).
 DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
-#: Adapts W to the batch each step (``adaptive_window_size``): about this many undecided slots per
-#: step in all, each window at most ``window_size``. ``window_size: "auto"`` is the short form:
-#: the default W as the most, and this budget (default DEFAULT_WINDOW_TOKENS).
+#: Turns on the adaptive window (``core/window_policy.py``: each request's W per step from what its
+#: windows commit and what rows cost, at most ``window_size``) and sets the knee of its step-cost
+#: model: the window rows a step takes at no extra cost (default: from the model, adapter/async_gate.py).
+#: ``window_size: "auto"`` turns it on with the default W as the most and the model's knee.
 WINDOW_TOKENS_KEY = "window_tokens"
 AUTO_WINDOW = "auto"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
@@ -97,10 +96,14 @@ class WeDLMSettings:
 
     window_size: int = DEFAULT_WINDOW_SIZE
     """W: undecided slots kept per request (WeDLM mode); each forward covers W to
-    ``max_window_tokens(W)`` tokens. With ``window_tokens``, the largest W a step may use."""
+    ``max_window_tokens(W)`` tokens. With ``adaptive_window``, the largest W a request may get."""
+
+    adaptive_window: bool = False
+    """Each request's W chosen per step (``core/window_policy.py``, by the scheduler); else always
+    ``window_size``."""
 
     window_tokens: int | None = None
-    """None: every step uses ``window_size``. Else W adapts to the batch: ``step_window_size``."""
+    """The adaptive window's knee: rows a step takes at no extra cost (None: the model's)."""
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
@@ -114,12 +117,6 @@ class WeDLMSettings:
     @property
     def wedlm(self) -> bool:
         return self.decoding == "wedlm"
-
-    def step_window_size(self, num_windows: int) -> int:
-        """W of the windows planned together for one step, ``num_windows`` of them."""
-        if self.window_tokens is None:
-            return self.window_size
-        return adaptive_window_size(num_windows, self.window_tokens, self.window_size)
 
     @classmethod
     def from_additional_config(cls, additional_config: object) -> WeDLMSettings:
@@ -158,9 +155,9 @@ class WeDLMSettings:
                 )
         window_size = additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE)
         window_tokens = additional_config.get(WINDOW_TOKENS_KEY)
+        adaptive_window = window_size == AUTO_WINDOW or window_tokens is not None
         if window_size == AUTO_WINDOW:
             window_size = DEFAULT_WINDOW_SIZE
-            window_tokens = DEFAULT_WINDOW_TOKENS if window_tokens is None else window_tokens
         elif isinstance(window_size, str):
             raise ValueError(f"window_size must be an integer in [1, 256] or {AUTO_WINDOW!r}, got {window_size!r}")
         window_size = validate_window_size(window_size)
@@ -179,7 +176,8 @@ class WeDLMSettings:
             padding = None
         elif isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
             raise ValueError(f"{ASYNC_PADDING_KEY} must be a non-negative integer or {AUTO_WINDOW!r}, got {padding!r}")
-        return cls(decoding=decoding, window_size=window_size, window_tokens=window_tokens, params=params,
+        return cls(decoding=decoding, window_size=window_size, adaptive_window=adaptive_window,
+                   window_tokens=window_tokens, params=params,
                    fixed_window_rows=fixed_window_rows, async_padding_tokens=padding)
 
     def with_fixed_window_rows(self, additional_config: dict) -> WeDLMSettings:

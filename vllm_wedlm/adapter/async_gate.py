@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_wedlm.core.window_policy import StepCost
+
 #: Host time per step that overlap hides: a synchronous one-token window step over AR's, batch 1
 #: (9.45 against 6.76 ms).
 HOST_SECONDS = 2.7e-3
@@ -88,3 +90,12 @@ def default_async_scheduling(requested: bool | None, hf_config) -> bool | None:
     if requested is not None:
         return requested
     return None if hides_host_work(hf_config) else False
+
+
+def step_cost(hf_config, knee: int | None = None) -> StepCost:
+    """This module's model of a step as the adaptive window's cost curve (``core.window_policy``):
+    the host work and a forward at the knee (``KNEE_TOKENS``, or ``knee``: ``--wedlm-window-tokens``)
+    fixed, each row beyond it its FLOPs at ``FLOP_RATE``."""
+    knee = KNEE_TOKENS if knee is None else knee
+    per_row = flops_per_token(hf_config) / FLOP_RATE
+    return StepCost(fixed=HOST_SECONDS + knee * per_row, per_row=per_row, knee=knee)

@@ -125,7 +125,10 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         scheduler.max_num_seqs = max_seqs
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
-    adaptive = "" if settings.window_tokens is None else f" at most, adapted to ~{settings.window_tokens} slots/step"
+    adaptive = ""
+    if settings.adaptive_window:
+        knee = "the model's" if settings.window_tokens is None else str(settings.window_tokens)
+        adaptive = f" at most, each request's sized per step (knee: {knee} rows)"
     logger.info("WeDLM decoding: window %d%s, entropy threshold %s, position penalty %s, lossless %s, %s",
                 settings.window_size, adaptive, settings.params.entropy_threshold, settings.params.pos_penalty,
                 settings.params.lossless,

@@ -83,7 +83,7 @@ class ExactRows(RowLayout):
         # A first window, scheduled with the prompt's last rows (adapter/scheduler.py): planned now.
         first = window & ~np.fromiter((s.has_window for s in states), bool, num_reqs)  # [B]
         if first.any():
-            self.start_windows(req_ids, states, first, computed + uncomputed)
+            self.start_windows(req_ids, states, first, computed + uncomputed, batch.window_sizes)
         prompt_rows = np.where(first, uncomputed, 0)  # [B] rows before each window: a first window's prompt
         wrong = window & (n != prompt_rows + host.length[slots])
         if wrong.any():
@@ -122,7 +122,7 @@ class ExactRows(RowLayout):
         runner.positions[:total].copy_(torch.from_numpy(positions), non_blocking=True)  # in place: graphs read it
 
         self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
-                                    ar_next, first_token, computed + n, num_logits, num_checks)
+                                    ar_next, first_token, computed + n, num_logits, num_checks, batch.window_sizes)
         k = ragged_arange(num_logits)  # [N] row index inside each request's logits
         first_rows = np.repeat(starts, num_logits) + k
         last_rows = np.repeat(starts + n - num_logits, num_logits) + k
@@ -173,8 +173,10 @@ class ExactRows(RowLayout):
                                f"tokens, but its window starts after {expected_len[row]}")
         plan_slots = np.concatenate([w_slots, step.slots[new], step.slots[moved]])  # [P]
         num_planned = len(w_slots) + int(new.sum())  # windows planned afresh (not moved)
-        window_size = self.settings.step_window_size(num_planned)  # W of every window planned now
-        self.trace(step.req_ids, np.flatnonzero(step.window | new), window_size)
+        self.trace(step.req_ids, np.flatnonzero(step.window | new), step.window_sizes)
+        # W of each window planned now; a moved one keeps its own slots (as before the preemption).
+        sizes = np.concatenate([step.window_sizes[step.window], step.window_sizes[new],
+                                host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]])  # [P]
         num_rows = int(step.num_logits.sum())
         verified_commit = w_checks.any()
         # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
@@ -192,23 +194,23 @@ class ExactRows(RowLayout):
             # host knows (its leading run) unless the window is lossless (verified on the device).
             starts = np.concatenate([start_len if verified_commit else start_len + lead, step.committed_len[new],
                                      step.committed_len[moved]])  # [P]
-            slots_dev, committed_len = plan_rows(plan_slots, starts, self.device)  # [P] each, one copy
+            slots_dev, committed_len, sizes_dev = plan_rows(plan_slots, starts, self.device, sizes)  # [P] each
         if plain:
             runner.wedlm_window_step_runs["steps"] += 1
             *following, packet = self.window_step(
                 table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
-                window_size, self.max_model_len, self.mask_id)
+                sizes_dev, self.max_model_len, self.mask_id)
             table.windows.store(slots_dev, WindowBatch(*following))
             device_out.append(packet.flatten())
         elif len(plan_slots):
             parts = []
-            sizes: torch.Tensor | int = window_size
             if len(w_slots):
                 ws = slots_dev[: len(w_slots)]
                 planned = table.windows.rows(ws)
                 verified, commit = None, leading_filled(planned.filled)
                 if verified_commit:
-                    verified, commit = self.verify(planned, tokens, row_kind, w_slots, w_checks, window_size)
+                    verified, commit = self.verify(planned, tokens, row_kind, w_slots, w_checks,
+                                                   sizes_dev[: len(w_slots)])
                     device_out.append(commit)
                 mask_rows = row_kind == MASK_ROW
                 mask_logits = self.rows(logits, mask_rows)
@@ -229,12 +231,9 @@ class ExactRows(RowLayout):
                 ms = slots_dev[num_planned:]
                 run = torch.from_numpy(host.num_commit[step.slots[moved]]).to(self.device, non_blocking=True)
                 parts.append(drop_leading(table.windows.rows(ms), run, self.mask_id))
-                # Planned to its own length: the same slots as before the preemption.
-                kept = host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]
-                sizes = torch.from_numpy(np.concatenate([np.full(num_planned, window_size), kept])).to(self.device)
             if verified_commit:
                 committed_len = torch.cat([committed_len[: len(w_slots)] + commit, committed_len[len(w_slots):]])
-            plan = plan_windows(WindowBatch.cat(parts), sizes, committed_len, self.max_model_len)
+            plan = plan_windows(WindowBatch.cat(parts), sizes_dev, committed_len, self.max_model_len)
             device_out.append(table.store(slots_dev, plan).flatten())
         if step.ar_next.any():
             device_out.append(self.rows(tokens, row_kind == AR_NEXT_ROW))
@@ -321,7 +320,7 @@ class ExactRows(RowLayout):
         return kind
 
     def verify(self, planned: WindowBatch, tokens: torch.Tensor, row_kind: np.ndarray, w_slots: np.ndarray,
-                w_checks: np.ndarray, window_size: int) -> tuple[WindowBatch, torch.Tensor]:
+                w_checks: np.ndarray, window_size: torch.Tensor) -> tuple[WindowBatch, torch.Tensor]:
         """Check the lossless windows' fills against their AR rows' draws (``core.sampling.verify``,
         ``core.batch.verify_windows``); the windows to fill on and the committed run of every window
         of the step ([Bw], device). ``window_size``: the W of the windows' next plan."""

@@ -55,6 +55,8 @@ class FixedRows(RowLayout):
         # were void for a step (their run outgrew the prediction), counted on the device.
         self.layouts: Counter[str] = Counter()
         self.void_windows = torch.zeros((), dtype=torch.long, device=self.device)
+        # W of each window's next plan in the step (device [Bw]).
+        self.window_sizes: torch.Tensor | None = None
 
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
         # Async scheduling's step that waits for the one in flight (the scheduler's gate holds its
@@ -84,7 +86,7 @@ class FixedRows(RowLayout):
         first = window & ~has_window  # [B]: a first window, after its prompt's last rows
         prompt_rows = np.where(first, n - num_drafts, 0)  # [B]
         if first.any():
-            self.start_windows(req_ids, states, first, computed + prompt_rows)
+            self.start_windows(req_ids, states, first, computed + prompt_rows, batch.window_sizes)
         if (window & autoregressive).any():
             raise RuntimeError(f"AR request {req_ids[int(np.argmax(window & autoregressive))]} on a WeDLM engine "
                                "got draft tokens")
@@ -95,7 +97,7 @@ class FixedRows(RowLayout):
         self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
                                     ar_next, first_token, computed + n,
                                     np.where(window, rows_per_window, (ar_next | first_token).astype(np.int64)),
-                                    np.zeros(num_reqs, np.int64))
+                                    np.zeros(num_reqs, np.int64), batch.window_sizes)
         ar_rows = self.ar_input_ids(req_ids, slots, autoregressive, ar_next | first_token, starts, n)  # [Bd] device
         b = np.flatnonzero(window)  # [Bw] batch rows of windows
         self.logits_rows, self.window_logits = ar_rows, 0  # [N] device rows; how many are windows'
@@ -117,11 +119,12 @@ class FixedRows(RowLayout):
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
         # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless;
         # each window row's index and window.
-        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b]])
+        # each window's W for the plan at the step's end;
+        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b], batch.window_sizes[b]])
         index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + ragged_arange(rows),
                                                  row_of])).to(self.device, non_blocking=True)
-        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless = index[: 6 * len(b)].view(6, len(b))
-        flat_rows, flat_window = index[6 * len(b):].view(2, -1)
+        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless, self.window_sizes = index[: 7 * len(b)].view(7, len(b))
+        flat_rows, flat_window = index[7 * len(b):].view(2, -1)
         flat_i = flat_rows - w_first[flat_window]  # [Tw] physical row inside its window
         start = table.committed_len[w_slots]  # [Bw] tokens before each window (its KV frontier)
         # Physical positions (KV slots) from the window's real start, then RoPE's logical ones.
@@ -216,8 +219,6 @@ class FixedRows(RowLayout):
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         window_rows = np.flatnonzero(step.window)  # [Bw]
-        # W of every window planned now (an adaptive window's follows the step's count of them).
-        window_size = self.settings.step_window_size(len(window_rows) + int(new.sum()))
         rows_per_window = self.logits_rows_per_window(step.window & step.lossless)
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
@@ -243,7 +244,7 @@ class FixedRows(RowLayout):
             runner.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.window_step(
                 table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
-                table.pos_penalty, window_size, self.max_model_len, mask_id, rows_per_window, w_lossless)
+                table.pos_penalty, self.window_sizes, self.max_model_len, mask_id, rows_per_window, w_lossless)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
             if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
                 self.void_windows = self.void_windows + void.sum()
@@ -270,14 +271,14 @@ class FixedRows(RowLayout):
                     every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = ar_drawn.to(torch.int32)
                     self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
             sampled = every
-            self.start_after_prefill(step, new, resumed, sampled, window_size, first_tokens)
+            self.start_after_prefill(step, new, resumed, sampled, first_tokens)
         logprobs = None
         if raw_logits is not None and any(state.logprobs for state in states):
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
-        self.trace(step.req_ids, planned_afresh, window_size)
+        self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
 
     def returned_logprobs(self, raw_logits: torch.Tensor, sampled: torch.Tensor, drawn: torch.Tensor | None,
@@ -325,7 +326,7 @@ class FixedRows(RowLayout):
         return cells
 
     def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
-                            window_size: int, first_tokens: torch.Tensor | None) -> None:
+                            first_tokens: torch.Tensor | None) -> None:
         """Plan the windows of the ``new`` ([B] bool) requests, whose prompt ended
         this step, and of the ``resumed`` plain ones, re-prefilled after a preemption, into the table,
         and write each plain one's leading run into its row of ``sampled`` ([B, width]).
@@ -342,9 +343,10 @@ class FixedRows(RowLayout):
         new_lossless = step.lossless[new]  # [num_new]
         host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new],
                                                 np.flatnonzero(new), np.flatnonzero(resumed),
-                                                np.flatnonzero(new_lossless)]))
-        new_slots, resumed_slots, new_starts, rows, lossless_index = host.to(self.device, non_blocking=True).split(
-            [num_new, num_resumed, num_new, num_new + num_resumed, int(new_lossless.sum())])
+                                                np.flatnonzero(new_lossless), step.window_sizes[new]]))
+        new_slots, resumed_slots, new_starts, rows, lossless_index, new_sizes = host.to(
+            self.device, non_blocking=True).split([num_new, num_resumed, num_new, num_new + num_resumed,
+                                                   int(new_lossless.sum()), num_new])
         parts, starts, sizes = [], [], []
         if num_new:
             fresh = WindowBatch.empty(num_new, table.capacity, mask_id, self.device)
@@ -353,7 +355,7 @@ class FixedRows(RowLayout):
                 fresh.filled[lossless_index, 0] = True
             parts.append(fresh)
             starts.append(new_starts)  # after the prompt
-            sizes.append(torch.full_like(new_slots, window_size))
+            sizes.append(new_sizes)
         if num_resumed:
             # Its leading run went back as output before the preemption and was re-prefilled.
             kept = table.windows.rows(resumed_slots)

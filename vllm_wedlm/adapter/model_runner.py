@@ -112,11 +112,10 @@ class WeDLMRunnerMixin:
         def logits_of_rows(rows: int) -> torch.Tensor:  # [rows, V], laid out as a step's logits are
             return self.model.compute_logits(torch.zeros(rows, hidden_size, dtype=self.dtype, device=self.device))
 
-        window_sizes = {self.wedlm.window_size}
-        if self.wedlm.window_tokens is not None:
-            window_sizes.add(1)  # the adaptive window may shrink to 1, a variant of its own
+        # W reaches the step as a tensor per window (an adaptive window's own): one variant for any W.
         self.wedlm_rows.window_step = compiled_window_step(
-            self.wedlm_table, logits_of_rows, window_sizes, self.max_model_len, runs=self.wedlm_window_step_runs,
+            self.wedlm_table, logits_of_rows, (self.wedlm.window_size,), self.max_model_len,
+            runs=self.wedlm_window_step_runs,
             fixed_rows=self.wedlm_rows.fixed_rows)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> Callable | None:

@@ -25,6 +25,7 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
+from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
 from vllm_wedlm.core.params import WeDLMParams
@@ -78,6 +79,7 @@ class StepRows:
     committed_len: np.ndarray  # int64: tokens with exact KV once this step's prefill chunk is in
     num_logits: np.ndarray  # int64: logits rows: num_checks first rows, then the request's last ones
     num_checks: np.ndarray  # int64: a lossless window's verification rows (its leading run, first rows)
+    window_sizes: np.ndarray  # int64: W of the window the request plans at the step's end
 
     @property
     def num_ar_rows(self) -> np.ndarray:
@@ -98,6 +100,7 @@ class ScheduledBatch:
     n: np.ndarray  # int64: rows forwarded
     starts: np.ndarray  # int64: the request's first row in the step
     computed: np.ndarray  # int64: vLLM's num_computed_tokens (with fixed rows, a bound in a window)
+    window_sizes: np.ndarray  # int64: W of each window planned this step (the scheduler's, else the server's)
 
 
 def ragged_arange(counts: np.ndarray) -> np.ndarray:
@@ -164,6 +167,8 @@ class RowLayout:
         req_ids = runner.input_batch.req_ids[:num_reqs]
         states = [runner._request_state(req_id) for req_id in req_ids]
         drafts = scheduler_output.scheduled_spec_decode_tokens
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
+        window_size = self.settings.window_size
         return ScheduledBatch(
             req_ids=list(req_ids), states=states,
             slots=np.fromiter((s.slot for s in states), np.int64, num_reqs),
@@ -172,7 +177,8 @@ class RowLayout:
             num_drafts=np.fromiter((len(drafts.get(req_id, ())) for req_id in req_ids), np.int64, num_reqs),
             n=num_scheduled_tokens[:num_reqs].astype(np.int64),
             starts=runner.query_start_loc.np[:num_reqs].astype(np.int64),
-            computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64))
+            computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64),
+            window_sizes=np.fromiter((chosen.get(req_id, window_size) for req_id in req_ids), np.int64, num_reqs))
 
     def prompt_ends(self, step: StepRows) -> tuple[list[RequestState], np.ndarray, np.ndarray]:
         """The step's request states, and which WeDLM-decoded rows finished a prompt with it: ``new``
@@ -214,12 +220,13 @@ class RowLayout:
         penalties and bad words."""
         raise NotImplementedError
 
-    def trace(self, req_ids: list[str], rows, window_size: int) -> None:
-        """Record W for the windows of the batch ``rows`` planned now, while a trace is on."""
+    def trace(self, req_ids: list[str], rows, window_sizes: np.ndarray) -> None:
+        """Record W for the windows of the batch ``rows`` planned now (``window_sizes`` [B]), while a
+        trace is on."""
         trace = self.runner.wedlm_window_trace
         if trace is not None:
             for row in rows:
-                trace.setdefault(req_ids[row], []).append(window_size)
+                trace.setdefault(req_ids[row], []).append(int(window_sizes[row]))
 
     def rows(self, values: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
         """The ``chosen`` ([N] bool, host) rows of ``values`` ([N, ...], device); no copy when all are."""
@@ -228,20 +235,19 @@ class RowLayout:
         return values[torch.from_numpy(np.flatnonzero(chosen)).to(self.device, non_blocking=True)]
 
     def start_windows(self, req_ids: list[str], states: list[RequestState], first: np.ndarray,
-                      committed_len: np.ndarray) -> None:
+                      committed_len: np.ndarray, window_sizes: np.ndarray) -> None:
         """Plan the first window of the ``first`` ([B] bool) requests, which start after
-        ``committed_len`` ([B]) tokens: empty windows of the server's W (the scheduler adds first
-        windows only where W is fixed), planned on the host as ``sample`` plans them after a
-        prefill (``core.batch.plan_windows``), then kept in the table."""
+        ``committed_len`` ([B]) tokens: empty windows of ``window_sizes`` ([B], the W the scheduler
+        sized them by), planned on the host as ``sample`` plans them after a prefill
+        (``core.batch.plan_windows``), then kept in the table."""
         rows = np.flatnonzero(first)
         if any(states[row].params.lossless for row in rows):
             raise RuntimeError(f"lossless WeDLM request {req_ids[rows[0]]} got a window before its first token")
-        window_size = self.settings.window_size
         starts = committed_len[rows]
         plan = plan_windows(WindowBatch.empty(len(rows), self.table.capacity, self.mask_id),
-                            window_size, torch.from_numpy(starts), self.max_model_len)
+                            torch.from_numpy(window_sizes[rows]), torch.from_numpy(starts), self.max_model_len)
         self.table.start(np.array([states[row].slot for row in rows], np.int64), plan, starts)
-        self.trace(req_ids, rows, window_size)
+        self.trace(req_ids, rows, window_sizes)
 
     def sampling_batch(self, counts: np.ndarray, num_ar_rows: np.ndarray) -> SamplingBatch:
         """Per-row sampling settings of ``counts[i]`` ([B]) logits rows of each request of the step, the

@@ -29,9 +29,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from vllm_wedlm.adapter.async_gate import padding_gate
+from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
+from vllm_wedlm.adapter.window_sizer import WindowSizer
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -72,12 +73,33 @@ class WeDLMScheduler(Scheduler):
         # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
         self._held_prompt_logprobs: dict[str, object] = {}
         self._last_log = time.monotonic()
+        # The adaptive window: each request's W per step (None: always the server's W).
+        self._sizer = (WindowSizer(self.wedlm.window_size,
+                                   step_cost(self.vllm_config.model_config.hf_text_config, self.wedlm.window_tokens))
+                       if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
+
+    def window_of(self, request) -> int:
+        """W of the window the runner holds for ``request`` (or plans in the step being scheduled)."""
+        return self.wedlm.window_size if self._sizer is None else self._sizer.window_of(request.request_id)
 
     def _update_after_schedule(self, scheduler_output) -> None:
         # vLLM advances num_computed_tokens by each request's scheduled tokens here, drafts
-        # included (rejected ones are taken back in update_from_output): add first windows first.
+        # included (rejected ones are taken back in update_from_output): add first windows first,
+        # of the W chosen for them now.
+        if self._sizer is not None:
+            self._sizer.assign(scheduler_output, self._planning(scheduler_output))
         self._first_windows = self._ride_first_windows(scheduler_output)
         super()._update_after_schedule(scheduler_output)
+
+    def _planning(self, scheduler_output) -> list[str]:
+        """The WeDLM requests of a step that plan a window at its end: those whose window it forwards
+        and those whose prompt it completes, unless they had a window before a preemption (the runner
+        keeps it as it was, of the W it was planned with)."""
+        drafted, planned = scheduler_output.scheduled_spec_decode_tokens, self._sizer.planned
+        return [req_id for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
+                if req_id in drafted or (req_id not in planned and not decodes_ar(self.requests[req_id].sampling_params)
+                                         and self.requests[req_id].num_computed_tokens + num_tokens
+                                         >= self.requests[req_id].num_tokens)]
 
     def _ride_first_windows(self, scheduler_output) -> dict[str, int]:
         """Schedule the first window of each plain WeDLM request whose prompt's prefill ends in this
@@ -85,11 +107,8 @@ class WeDLMScheduler(Scheduler):
         have room (else it comes the step after, as any window does); the windows added.
 
         Not for a lossless request (its first window starts with the token drawn from the prompt's
-        last row), an AR-decoded one (no window), one that was preempted (it keeps its window) or an
-        adaptive window (the runner chooses W per step, from the step's batch).
+        last row), an AR-decoded one (no window) or one that was preempted (it keeps its window).
         """
-        if self.wedlm.window_tokens is not None:
-            return {}
         budget = self.max_num_scheduled_tokens - scheduler_output.total_num_scheduled_tokens
         scheduled = scheduler_output.num_scheduled_tokens
         firsts: dict[str, int] = {}
@@ -100,7 +119,7 @@ class WeDLMScheduler(Scheduler):
                     or request.num_output_tokens or request.num_preemptions or not self._plain_wedlm(request)):
                 continue
             # The runner's plan of an empty window: W masks, cut where the KV room ends.
-            size = min(self.wedlm.window_size, self.max_model_len - request.num_tokens)
+            size = min(self.window_of(request), self.max_model_len - request.num_tokens)
             if not 0 < size <= budget:
                 continue
             blocks = self.kv_cache_manager.allocate_slots(request, num_tokens + size)
@@ -117,6 +136,11 @@ class WeDLMScheduler(Scheduler):
                                                       + (self._get_new_block_ids_to_zero() or [])) or None
         return firsts
 
+    def _free_request(self, request, *args, **kwargs):
+        if self._sizer is not None:
+            self._sizer.forget(request.request_id)  # finished or aborted
+        return super()._free_request(request, *args, **kwargs)
+
     def _plain_wedlm(self, request) -> bool:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
         return not decodes_ar(request.sampling_params) and not self.wedlm.request_params(extra_args).lossless
@@ -132,6 +156,11 @@ class WeDLMScheduler(Scheduler):
                 if request is not None and not request.is_finished():
                     request.num_computed_tokens -= count
         self._hold_prompt_logprobs(model_runner_output)
+        if self._sizer is not None and model_runner_output.sampled_token_ids:
+            sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
+            self._sizer.observe(scheduler_output, {req_id: len(sampled[index[req_id]])
+                                                   for req_id in scheduler_output.scheduled_spec_decode_tokens
+                                                   if req_id in index})
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
@@ -334,9 +363,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         With one in flight its run is unknown: 2W rows where the gate pads, else W and the run its
         last finished step returned, a prediction the runner checks (a longer run makes the window
         void for the step, ``window_step.fixed_rows_window_step``). A lossless window always gets 2W
-        rows: its leading run is unverified fills the host never sees. An adaptive window's W is at
-        most the server's, so its rows here bound it. Held where the rows could pass
-        ``max_model_len`` (C bounds the window's start from above while a step is in flight)."""
+        rows: its leading run is unverified fills the host never sees. W is the server's: an adaptive
+        window's own W is at most that, and its window is at most W longer than its run (its fills
+        past its own W's masks come from windows of at most the server's W), so these rows hold it;
+        each window forwarding rows for its own W would need its length, which only the device knows.
+        Held where the rows could pass ``max_model_len`` (C bounds the window's start from above while
+        a step is in flight)."""
         window_size, computed = self.wedlm.window_size, request.num_computed_tokens
         if request.request_id in self._lossless:
             padded = True  # its leading run is known on the device only

@@ -53,14 +53,14 @@ logger = init_logger("vllm.wedlm")
 
 def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor | None,
                       entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, committed_len: torch.Tensor,
-                      window_size: int, limit: int, mask_id: int) -> tuple[torch.Tensor, ...]:
+                      window_size: torch.Tensor | int, limit: int, mask_id: int) -> tuple[torch.Tensor, ...]:
     """Finish the windows at ``slots`` ([B] int64) of ``table`` ([S, C], the planned windows) and
     plan their next forward; the next windows' tokens, filled and length, and their packet ([B, ...]).
 
     ``logits`` [N, V] / ``tokens`` [N] int64: the mask rows of the B windows, window by window, and
     each one's draw (None: every row greedy, drawn here); ``entropy_threshold`` / ``pos_penalty`` [S]
-    per slot; ``committed_len`` [B]: tokens before each next window. Returns plain tensors (a compiled
-    function's outputs)."""
+    per slot; ``committed_len`` [B]: tokens before each next window; ``window_size``: W of each next
+    window ([B], or one int). Returns plain tensors (a compiled function's outputs)."""
     tokens = _greedy(logits, mask_id) if tokens is None else tokens
     planned = table.rows(slots)
     following = finish_windows(planned, leading_filled(planned.filled), row_entropy(logits), tokens,
@@ -71,12 +71,13 @@ def plain_window_step(table: WindowBatch, slots: torch.Tensor, logits: torch.Ten
 
 def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor,
                            tokens: torch.Tensor | None, run: torch.Tensor, start: torch.Tensor, rows: torch.Tensor,
-                           entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: int, limit: int,
+                           entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: torch.Tensor | int,
+                           limit: int,
                            mask_id: int, rows_per_window: int | None = None,
                            lossless: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """``plain_window_step`` for fixed window rows: finish the windows at ``slots`` ([B] int64) of
     ``table`` ([S, C]) from R = ``rows_per_window`` logits rows each (default W) and plan their next
-    forward with W = ``window_size`` slots after each leading run.
+    forward with W = ``window_size`` ([B], or one int) slots after each leading run.
 
     ``table_order`` [S, C]: each planned window's physical order; ``logits`` [B * R, V] / ``tokens``
     [B * R] (or None: greedy, drawn here): R rows of each window in physical order, those after its
@@ -92,7 +93,7 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     tokens each window returns now, padded with -1 ([B, max(2, R)] int32, the step's sampled
     tokens: a plain window's next leading run, decided now and forwarded next step; a lossless
     window's verified run, whose KV this step wrote) and which windows were void ([B] bool)."""
-    r = window_size if rows_per_window is None else rows_per_window
+    r = int(window_size) if rows_per_window is None else rows_per_window
     planned, order = table.rows(slots), table_order[slots]  # [B, C] each
     batch, capacity = slots.shape[0], planned.capacity
     first_row = run if lossless is None else torch.where(lossless, 0, run)  # [B]: physical row of logits row 0
@@ -145,11 +146,12 @@ def _greedy(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return sample(logits, SamplingBatch(None, None, None, None), mask_id)
 
 
-def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slots ([P] int64) and start positions ([P] int64) of the windows planned in a step, on the
-    device in one copy: two rows of one tensor."""
-    slots, committed_len = torch.from_numpy(np.stack([plan_slots, starts])).to(device, non_blocking=True)
-    return slots, committed_len
+def plan_rows(plan_slots: np.ndarray, starts: np.ndarray, device: torch.device,
+              window_sizes: np.ndarray | None = None) -> tuple[torch.Tensor, ...]:
+    """The slots ([P] int64) and start positions ([P] int64) of the windows planned in a step, and
+    their W where given (``window_sizes`` [P]), on the device in one copy: rows of one tensor."""
+    rows = [plan_slots, starts] if window_sizes is None else [plan_slots, starts, window_sizes]
+    return tuple(torch.from_numpy(np.stack(rows).astype(np.int64, copy=False)).to(device, non_blocking=True))
 
 
 def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], torch.Tensor],
@@ -159,10 +161,11 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     """``plain_window_step`` (or with ``fixed_rows`` ``fixed_rows_window_step``) compiled, its
     variants compiled now rather than in a request's step.
 
-    torch.compile specialises sizes 1, so one window, one mask row or W 1 compiles apart from larger
+    torch.compile specialises sizes 1, so one window or one mask row compiles apart from larger
     ones, a greedy step (no draws given) apart from one with draws, and its guards check each
-    input's layout (a view, its strides). ``window_sizes``: the W the steps will use (1 is a variant
-    of its own; any other stands for all but 1). So every variant is run here once, on empty windows
+    input's layout (a view, its strides). W reaches the step as a tensor per window (a row of
+    ``plan_rows``' copy, as the runners pass it), so its values make no variant; ``window_sizes``: the
+    W the steps will use, whose largest bounds the mask rows. So every variant is run here once, on empty windows
     laid out as ``table``'s (the live table may hold windows whose masks these few rows would not
     cover). Its inputs are made as the runner makes them: ``logits_of_rows(n)`` gives n logits rows
     from the model's own logits computation (a padded vocabulary makes them a strided view), and the
@@ -184,8 +187,8 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
         empty = WindowBatch.empty(table.num_slots, table.capacity, table.mask_id, table.device)
         order, committed_len = torch.zeros_like(table.order), torch.zeros_like(table.committed_len)
         tau, lam = torch.zeros_like(table.entropy_threshold), torch.zeros_like(table.pos_penalty)
-    # Each variant is an entry of the function's cache, more than dynamo's default limit of 8 (an
-    # adaptive window's step has 10): past it dynamo would run the variant eagerly.
+    # Each variant is an entry of the function's cache; past dynamo's default limit of 8 it would
+    # run a variant eagerly.
     with (torch.fx.experimental._config.patch(use_duck_shape=False), torch._dynamo.config.patch(recompile_limit=64),
           torch.inference_mode()):
         for window_size, windows, masks, greedy in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2),
@@ -200,13 +203,15 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
             tokens = None if greedy else _greedy(logits, table.mask_id)
             # Slots and, in one copy, the windows' starts (fixed rows: the rows each forwards, as
             # FixedRows.prepare makes them, which gathers runs and starts from the table).
+            # W per window, as the runner passes it (a row of the same copy).
             second = np.full(windows, 2 * window_size) if fixed_rows else np.zeros(windows, np.int64)
-            slots, starts_or_rows = plan_rows(np.arange(windows), second, table.device)
+            slots, starts_or_rows, sizes = plan_rows(np.arange(windows), second, table.device,
+                                                     np.full(windows, window_size))
             if fixed_rows:
                 step(empty, order, slots, logits, tokens, leading_filled(empty.filled[slots]), committed_len[slots],
-                     starts_or_rows, tau, lam, window_size, limit, table.mask_id, masks, None)
+                     starts_or_rows, tau, lam, sizes, limit, table.mask_id, masks, None)
             else:
-                step(empty, slots, logits, tokens, tau, lam, starts_or_rows, window_size, limit, table.mask_id)
+                step(empty, slots, logits, tokens, tau, lam, starts_or_rows, sizes, limit, table.mask_id)
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     logger.info("WeDLM: compiled the window step in %.1f s", time.perf_counter() - begin)

@@ -46,10 +46,6 @@ DEFAULT_PARAMS = WeDLMParams()
 DEFAULT_WINDOW_SIZE = 16
 
 
-#: The adaptive window's default budget: undecided slots per step, all windows together.
-DEFAULT_WINDOW_TOKENS = 256
-
-
 def validate_window_size(window_size: object) -> int:
     if not isinstance(window_size, int) or isinstance(window_size, bool) or not 1 <= window_size <= 256:
         raise ValueError(f"window_size must be an integer in [1, 256], got {window_size!r}")
@@ -60,17 +56,6 @@ def validate_window_tokens(window_tokens: object) -> int:
     if not isinstance(window_tokens, int) or isinstance(window_tokens, bool) or not 1 <= window_tokens <= 1 << 20:
         raise ValueError(f"window_tokens must be an integer in [1, {1 << 20}], got {window_tokens!r}")
     return window_tokens
-
-
-def adaptive_window_size(num_windows: int, window_tokens: int, max_window_size: int) -> int:
-    """W for a step that plans ``num_windows`` windows, when W adapts to the batch: about
-    ``window_tokens`` undecided slots in all, split evenly, between 1 and ``max_window_size``.
-
-    A forward covers each window's undecided slots plus the run it commits (W to 2W tokens), so a
-    large batch with a full window each is compute-bound on a GPU; fewer slots per window keep its
-    step cheap, where a small batch keeps the whole window and its tokens per forward.
-    """
-    return max(1, min(max_window_size, window_tokens // max(1, num_windows)))
 
 
 def selection_tensors(params: list[WeDLMParams],

@@ -1,0 +1,126 @@
+"""The adaptive window's choice of W (``core/window_policy.py``), in pure PyTorch.
+
+``choose_window_sizes`` must give the best W of every request of a batch under its own model of
+commits and of a step's cost: checked against every choice on small batches, over synthetic
+commit histories and cost curves (host-bound, with a knee, compute-bound). And the model must move
+W where it should: to 1 where windows commit about one token per forward, to the whole window where
+they commit it, smaller on a compute-bound batch than on a host-bound one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_wedlm.adapter.async_gate import step_cost
+from vllm_wedlm.core.window_policy import (
+    MIN_SLOT_GAIN,
+    StepCost,
+    choose_window_sizes,
+    expected_commits,
+    slot_gains,
+    update_commit_estimate,
+)
+
+pytestmark = pytest.mark.fast
+
+#: The Qwen3-8B shape's layers (its config's sizes), for its cost curve.
+QWEN3_8B = SimpleNamespace(hidden_size=4096, num_attention_heads=32, head_dim=128, num_key_value_heads=8,
+                           intermediate_size=12288, num_hidden_layers=36)
+#: A model whose forward costs next to nothing beside the host's work (the shipped micro's shape).
+MICRO = SimpleNamespace(hidden_size=128, num_attention_heads=4, head_dim=32, num_key_value_heads=2,
+                        intermediate_size=384, num_hidden_layers=4)
+
+
+def rate(estimate: torch.Tensor, sizes: torch.Tensor, cost: StepCost, run_rows: torch.Tensor) -> float:
+    """Expected committed tokens per second of a step whose windows have ``sizes``."""
+    rows = run_rows.double().sum() + sizes.sum()
+    return float(expected_commits(estimate, sizes).sum() / cost(rows))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_choice_is_the_best_of_every_choice(seed):
+    rng = random.Random(seed)
+    batch, max_window = rng.randint(1, 3), rng.randint(1, 5)
+    estimate = torch.tensor([rng.choice([0.4, 1.0, rng.uniform(0.5, 9.0), 12.0]) for _ in range(batch)])
+    cost = StepCost(fixed=rng.uniform(0.5, 2.0), per_row=rng.choice([0.0, 0.01, 0.1, 1.0]),
+                    knee=rng.choice([0, 2, 6, 20]))
+    run_rows = estimate.clamp(0, max_window)
+    chosen = choose_window_sizes(estimate, max_window, cost)
+    assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
+    assert ((1 <= chosen) & (chosen <= max_window)).all()
+    every = {sizes: rate(estimate, torch.tensor(sizes), cost, run_rows)
+             for sizes in itertools.product(range(1, max_window + 1), repeat=batch)}
+    best = max(every.values())
+    got = rate(estimate, chosen, cost, run_rows)
+    assert got == pytest.approx(best, rel=1e-12), (estimate, cost, chosen, max(every, key=every.get))
+    # Of the best choices, it forwards the fewest rows.
+    assert int(chosen.sum()) == min(sum(s) for s, r in every.items() if r == pytest.approx(best, rel=1e-12))
+
+
+def test_slot_gains_follow_the_estimate():
+    gains = slot_gains(torch.tensor([0.5, 1.0, 2.0, 16.0]), 4)
+    assert gains[:, 0].tolist() == [1.0, 1.0, 1.0, 1.0]  # the first slot always commits
+    assert gains[0, 1:].tolist() == gains[1, 1:].tolist() == [0.0, 0.0, 0.0]  # at most one per forward
+    assert gains[2].tolist() == [1.0, 0.5, 0.25, 0.125]
+    assert (gains[3, 1:] < gains[3, :-1]).all() and gains[3, 3] > 0.8
+    # A geometric run of mean m commits about m with an unbounded window.
+    assert float(slot_gains(torch.tensor([3.0]), 200).sum()) == pytest.approx(3.0)
+
+
+def test_uncertain_text_gets_one_slot_and_predictable_text_the_whole_window():
+    host_bound = step_cost(MICRO)
+    assert host_bound.per_row * 4096 < 0.01 * host_bound.fixed  # rows cost next to nothing
+    sizes = choose_window_sizes(torch.tensor([0.8, 1.0, 16.5, 40.0]), 16, host_bound)
+    assert sizes.tolist() == [1, 1, 16, 16]
+    # In between: as many slots as are expected to commit at least MIN_SLOT_GAIN tokens.
+    (two,) = choose_window_sizes(torch.tensor([2.0]), 16, host_bound).tolist()
+    assert 0.5 ** (two - 1) >= MIN_SLOT_GAIN > 0.5 ** two
+
+
+def test_a_compute_bound_batch_gets_smaller_windows_than_a_host_bound_one():
+    """On the Qwen3-8B shape a batch of 64 windows is past the knee (a row costs its FLOPs) where
+    one window is not; on micro no batch is."""
+    estimate = torch.full((64,), 6.0)
+    alone = choose_window_sizes(estimate[:1], 16, step_cost(QWEN3_8B))
+    batch = choose_window_sizes(estimate, 16, step_cost(QWEN3_8B))
+    host_bound = choose_window_sizes(estimate, 16, step_cost(MICRO))
+    assert int(alone) == int(host_bound[0]) > 8
+    assert batch.float().mean() < 0.5 * float(alone)
+    assert (host_bound == host_bound[0]).all()
+    # The knee can be moved (--wedlm-window-tokens): with none, every row of the batch costs.
+    no_knee = choose_window_sizes(estimate, 16, step_cost(QWEN3_8B, knee=0))
+    assert no_knee.sum() <= batch.sum()
+
+
+def test_the_estimate_follows_what_windows_commit():
+    """A request that commits one token per forward at W 16 drifts to W 1; at W 1 (which always
+    commits its one slot, a censored count) it probes W 2 and more again; one that commits its whole
+    window keeps growing past it."""
+    cost = step_cost(MICRO)
+    estimate = torch.tensor([16.0])
+    for _ in range(20):
+        estimate = update_commit_estimate(estimate, torch.tensor([1]), torch.tensor([16]))
+    assert float(estimate) < 1.1 and int(choose_window_sizes(estimate, 16, cost)) == 1
+    sizes = []
+    for _ in range(12):
+        window = choose_window_sizes(estimate, 16, cost)
+        sizes.append(int(window))
+        estimate = update_commit_estimate(estimate, torch.ones(1, dtype=torch.long), window)  # commits 1
+    assert min(sizes) == 1 and max(sizes) >= 2  # back and forth: the probe
+    assert float(estimate) < 2
+    full = torch.tensor([4.0])
+    for _ in range(20):
+        window = choose_window_sizes(full, 16, cost)
+        full = update_commit_estimate(full, window, window)  # commits every slot
+    assert int(choose_window_sizes(full, 16, cost)) == 16
+
+
+def test_an_empty_batch_and_a_window_of_one():
+    cost = step_cost(MICRO)
+    assert choose_window_sizes(torch.zeros(0), 16, cost).tolist() == []
+    assert choose_window_sizes(torch.tensor([9.0, 0.5]), 1, cost).tolist() == [1, 1]

@@ -1,0 +1,122 @@
+"""Each request's window size W, per step, from what its windows commit and what rows cost.
+
+A window of W undecided slots pays only where its fills get committed: a step forwards every
+window's W mask rows (and its leading run), and commits only the leading run. Where text is
+uncertain a wide window commits about one token per forward, and may commit nothing in a step
+(the model fills confident slots right of an uncertain first one), while W = 1 always commits its
+one fill the next step: an AR-priced step. Where text is predictable a wide window commits ten.
+
+The model behind the choice:
+
+* **What a request commits.** ``commit_estimate`` is a moving average of the tokens each of its
+  forwards committed. A forward that committed its whole window was censored by W (it might have
+  committed more), so it counts ``CENSORED_BONUS`` more: a window that keeps filling up grows, and a
+  request at W = 1 (which always commits 1) keeps probing for more. The run a request would commit
+  with an unbounded window is taken as geometric with that mean: each slot after the first is
+  committed with probability ``q`` = 1 - 1 / estimate after the one before it, so slot w (counted
+  from 1) is expected to commit ``q ** (w - 1)`` tokens (``slot_gains``). The first slot commits one
+  token always.
+* **What a step costs** (``StepCost``): fixed seconds per step (host work and reading the weights),
+  nothing more per row up to the knee (the rows a forward takes at the cost of its weight reads),
+  and each row's FLOPs beyond it. On a host-bound model every row below the knee is free; on a
+  compute-bound batch (the Qwen3-8B shape at batch 64) each one costs.
+
+``choose_window_sizes`` then gives every request W = 1 and adds slots in order of expected commit,
+keeping the count that maximises the batch's expected committed tokens per second. The gains are
+decreasing per request and the cost convex in rows, so tokens per second rise then fall along that
+order and the best prefix is the best choice of all (``tests/test_window_policy.py`` checks it
+against every choice). A slot expected to commit less than ``MIN_SLOT_GAIN`` is never added: no row
+is quite free (its logits row, its share of host work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Weight of a forward's commits in the moving average: about the last four forwards count.
+COMMIT_AVERAGE_WEIGHT = 0.25
+#: What a forward that committed its whole window adds to the estimate beyond its commits.
+CENSORED_BONUS = 0.5
+#: A slot whose expected commit is below this is not forwarded, whatever rows cost.
+MIN_SLOT_GAIN = 1 / 16
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds of a step that forwards ``rows`` tokens: ``fixed + per_row * max(rows - knee, 0)``."""
+
+    fixed: float
+    """Seconds of a step of at most ``knee`` rows: host work and the weights' reads."""
+
+    per_row: float
+    """Seconds of each row beyond the knee (its FLOPs)."""
+
+    knee: int
+    """Rows a forward takes at no extra cost."""
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """[...] float64 seconds of steps of ``rows`` ([...]) rows."""
+        return self.fixed + self.per_row * (rows.double() - self.knee).clamp(min=0)
+
+
+def update_commit_estimate(estimate: torch.Tensor, committed: torch.Tensor, window_size: torch.Tensor) -> torch.Tensor:
+    """[B] float32: each estimate (``commit_estimate``) after a forward that committed ``committed``
+    ([B]) tokens of a window of ``window_size`` ([B]) slots."""
+    censored = committed >= window_size
+    observed = committed.float() + CENSORED_BONUS * censored.float()
+    return estimate + COMMIT_AVERAGE_WEIGHT * (observed - estimate)
+
+
+def slot_gains(estimate: torch.Tensor, max_window: int) -> torch.Tensor:
+    """[B, max_window] float64: the tokens each slot of a request's window is expected to commit
+    (slot 0 always 1; slot w ``q ** w``, q = 1 - 1 / estimate), from ``estimate`` [B] (the mean
+    commits per forward; at most 1 makes q 0)."""
+    q = (1 - 1 / estimate.double().clamp(min=1)).clamp(0, 1)  # [B]
+    w = torch.arange(max_window, dtype=torch.float64, device=estimate.device)
+    return q[:, None] ** w[None]  # 0 ** 0 is 1: slot 0
+
+
+def expected_commits(estimate: torch.Tensor, window_size: torch.Tensor) -> torch.Tensor:
+    """[B] float64: the tokens a forward of windows of ``window_size`` ([B]) slots is expected to
+    commit under ``slot_gains``'s model (the gains of each window's slots, those below
+    ``MIN_SLOT_GAIN`` past the first counting nothing)."""
+    gains = _usable(slot_gains(estimate, int(window_size.max())))
+    columns = torch.arange(gains.shape[1], device=gains.device)[None]
+    return torch.where(columns < window_size[:, None], gains, 0).sum(1)
+
+
+def _usable(gains: torch.Tensor) -> torch.Tensor:
+    usable = gains.clone()
+    usable[:, 1:] = torch.where(gains[:, 1:] >= MIN_SLOT_GAIN, gains[:, 1:], 0)
+    return usable
+
+
+def choose_window_sizes(estimate: torch.Tensor, max_window: int, cost: StepCost,
+                        run_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """[B] int64 in [1, max_window]: the W of each request's next window that maximises the batch's
+    expected committed tokens per second (``expected_commits`` over ``cost``).
+
+    ``estimate`` [B]: each request's ``commit_estimate``; ``run_rows`` [B]: the rows each window's
+    leading run adds to the step (default: the estimate, capped at ``max_window``). Every window
+    gets one slot; the others go in order of expected commit (a request's slots in order, the gains
+    being decreasing), as many as tokens per second keep rising."""
+    batch = estimate.shape[0]
+    if not batch:
+        return torch.zeros(0, dtype=torch.int64, device=estimate.device)
+    if run_rows is None:
+        run_rows = estimate.clamp(0, max_window)
+    gains = _usable(slot_gains(estimate, max_window))  # [B, W]
+    extra = gains[:, 1:].flatten()  # [B * (W - 1)]: every slot past each window's first
+    order = torch.argsort(extra, descending=True, stable=True)
+    base_gain = float(batch)  # the first slots
+    base_rows = run_rows.double().sum() + batch
+    count = torch.arange(extra.numel() + 1, dtype=torch.float64, device=estimate.device)  # slots added
+    gain = base_gain + torch.cat([extra.new_zeros(1), extra[order].cumsum(0)])
+    rate = gain / cost(base_rows + count)  # [B * (W - 1) + 1] tokens per second of each prefix
+    rate = torch.where(torch.cat([rate.new_ones(1, dtype=torch.bool), extra[order] > 0]), rate, -1.0)
+    best = int(torch.argmax(rate))  # the first maximum: the fewest rows at the best rate
+    added = torch.zeros_like(extra, dtype=torch.int64)
+    added[order[:best]] = 1
+    return 1 + added.view(batch, max_window - 1).sum(1)
