@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
                       "a machine's drift moves them alike (needs the memory of all servers at once)")
     p_step = sub.add_parser("step-cost", help="time per decoding step on a real-shaped random model")
     p_step.add_argument("--shape", choices=sorted(step_cost.SHAPES), default="qwen3-8b")
-    p_step.add_argument("--windows", default="8,16,32")
+    p_step.add_argument("--windows", default="8,16,32",
+                        help="W of each WeDLM engine, or 'auto' (the adaptive window, at most 16)")
     p_step.add_argument("--batch-sizes", default="1,4,16,64")
     p_step.add_argument("--taus", default="inf,0.4", help="WeDLM thresholds (inf: every mask fills)")
     p_step.add_argument("--prompt-tokens", type=int, default=128)
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}
         if args.cudagraph_mode:
             overrides["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
-        rows = step_cost.run(model, windows=_ints(args.windows), batch_sizes=_ints(args.batch_sizes),
+        windows = [w if w == "auto" else int(w) for w in args.windows.split(",")]
+        rows = step_cost.run(model, windows=windows, batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
                              lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,
                              repeats=args.repeats, schedulings=tuple(args.scheduling.split(",")))

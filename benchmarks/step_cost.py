@@ -17,6 +17,7 @@ the median and the spread). WeDLM rows also say which CUDA graph mode their step
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from vllm_wedlm.checkpoints.tiny import (
     train_tokenizer,
     write_model_files,
 )
-from vllm_wedlm.config import REQUEST_ENTROPY_THRESHOLD, max_window_tokens
+from vllm_wedlm.config import AUTO_WINDOW, REQUEST_ENTROPY_THRESHOLD, max_window_tokens
+from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
 from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import (
     counts_since,
@@ -95,25 +97,27 @@ def _engine_graphs(llm) -> dict:
             "max_cudagraph_capture_size": compilation.max_cudagraph_capture_size}
 
 
-def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
+def run(model: Path, *, windows: list[int | str], batch_sizes: list[int], taus: list[str], prompt_tokens: int,
         lengths: tuple[int, int], engine_overrides: dict[str, Any], progress, repeats: int = 1,
         schedulings: tuple[str, ...] = ("default",)) -> list[dict]:
     """``schedulings``: how WeDLM engines schedule, each its own engine: "default" (the engine's
     own choice, recorded per row), "sync" (--no-async-scheduling: exact window rows, one step at a
-    time) and/or "async" (--async-scheduling: fixed window rows)."""
+    time) and/or "async" (--async-scheduling: fixed window rows). A window "auto" is the adaptive
+    window (at most the default W); its rows count the windows planned at each W (``window_histogram``)."""
     from vllm import LLM
 
     _, n2 = lengths
     rng = np.random.default_rng(0)
+    widest = max(DEFAULT_WINDOW_SIZE if w == AUTO_WINDOW else w for w in windows)
     engines = [("ar", None, None)] + [("wedlm", w, how) for w in windows for how in schedulings]
     total = len(batch_sizes) * (1 + len(windows) * len(schedulings) * len(taus))
     rows = []
     for decoding, window, scheduling in engines:
         # Room for the prompt, the output and the last windows, whole.
-        max_model_len = prompt_tokens + n2 + max_window_tokens(max(windows)) + 16
+        max_model_len = prompt_tokens + n2 + max_window_tokens(widest) + 16
         settings = engine_kwargs(**{"max_model_len": max_model_len, **engine_overrides})
         settings.update(load_format="dummy", max_num_seqs=max(batch_sizes),
-                        max_num_batched_tokens=token_budget(max(batch_sizes), max(windows)),
+                        max_num_batched_tokens=token_budget(max(batch_sizes), widest),
                         additional_config={"decoding": decoding, **({"window_size": window} if window else {})})
         if scheduling not in (None, "default"):
             settings["async_scheduling"] = scheduling == "async"
@@ -133,6 +137,9 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                     modes_before = graph_modes(llm) if decoding == "wedlm" else {}
                     steps_before = window_steps(llm) if decoding == "wedlm" else {}
                     layouts_before = row_layouts(llm) if fixed else {}
+                    adaptive = window == AUTO_WINDOW
+                    if adaptive:  # the W of every window planned, over the timed runs
+                        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
                     step_ms = float(np.median(steps_ms))
@@ -142,6 +149,10 @@ def run(model: Path, *, windows: list[int], batch_sizes: list[int], taus: list[s
                            "step_ms_spread": [round(steps_ms[0], 3), round(steps_ms[-1], 3)], "repeats": repeats,
                            "tokens_per_step": round(tokens_per_step, 3),
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
+                    if adaptive:
+                        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+                        sizes = Counter(w for planned in trace.values() for w in planned)
+                        row["window_histogram"] = {str(w): n for w, n in sorted(sizes.items())}
                     if fixed:  # the gate's choices: steps padded (pipelined) or exact
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager

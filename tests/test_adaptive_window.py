@@ -30,6 +30,14 @@ MAX_TOKENS = [120] + [24 + 9 * (i % 5) for i in range(1, len(PROMPTS))]  # they 
 LOSSLESS = [i % 3 == 0 for i in range(len(PROMPTS))]
 
 
+def llm_async(fixed_rows: bool) -> bool:
+    """Whether the engine runs async scheduling: asked with fixed rows, granted on a GPU (vLLM's CPU
+    platform turns it off)."""
+    import torch
+
+    return fixed_rows and torch.cuda.is_available()
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("adaptive"), TinySpec(variant="qwen2", logit_scale=100.0))
@@ -58,6 +66,9 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
     # The premise of the W movements asserted below: only the first prompt fits one step's budget.
     assert [len(o.prompt_token_ids) > TOKEN_BUDGET for o in outputs] == [False] + [True] * (len(PROMPTS) - 1)
     by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
+    # Async scheduling (fixed rows on a GPU) may schedule one window step more per request, before the
+    # step that ends it is back; its tokens are dropped (and its plan is past the reference's end).
+    extra = 1 if llm_async(fixed_rows) else 0
     expected_forwards = 0
     for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
         sizes = by_request[output.request_id]
@@ -65,9 +76,9 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
                                       WeDLMParams(TAU, 0.02, lossless=lossless), window_sizes=sizes)
         assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, sizes)
         # A window is planned after the prompt and after every forward, the last one included.
-        assert len(sizes) == expected.num_forwards + 1, (output.request_id, sizes)
+        assert 0 <= len(sizes) - (expected.num_forwards + 1) <= extra, (output.request_id, sizes)
         expected_forwards += expected.num_forwards
-    assert forwards == expected_forwards
+    assert 0 <= forwards - expected_forwards <= extra * len(PROMPTS)
 
     # W really moved: the whole window for each request's first plans, then down where its windows
     # committed little (a window kept its fills), and up again.

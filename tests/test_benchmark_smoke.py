@@ -146,11 +146,17 @@ def test_online_harness(model, tmp_path):
 
 
 def test_step_cost_harness(tmp_path):
-    step = bench("step-cost", "--shape", "tiny", "--windows", str(W), "--batch-sizes", "1,2", "--taus", "inf",
+    step = bench("step-cost", "--shape", "tiny", "--windows", f"{W},auto", "--batch-sizes", "1,2", "--taus", "inf",
                  "--prompt-tokens", "16", "--lengths", "8,24", "--workdir", str(tmp_path / "shape"),
                  "--json", str(tmp_path / "step.json"))
-    assert [(r["mode"], r["batch_size"], r["tokens_per_step"]) for r in step["rows"]] == [
+    fixed = [r for r in step["rows"] if r["window_size"] != "auto"]
+    assert [(r["mode"], r["batch_size"], r["tokens_per_step"]) for r in fixed] == [
         ("ar", 1, 1.0), ("ar", 2, 1.0), ("wedlm:inf", 1, float(W)), ("wedlm:inf", 2, float(W))]
+    # The adaptive window: every mask fills, so its windows grow to the most (16) and commit more.
+    adaptive = [r for r in step["rows"] if r["window_size"] == "auto"]
+    assert [r["batch_size"] for r in adaptive] == [1, 2]
+    for row in adaptive:
+        assert "16" in row["window_histogram"] and row["tokens_per_step"] > W, row
     check_report([tmp_path / "step.json"], tmp_path / "report", 1, ("0-step-cost-step-cost.png",))
 
 

@@ -90,8 +90,10 @@ class RowContextEdits:
         prompt = row_tokens(self.history, slot, torch.zeros_like(begin), begin,
                             max(1, int(prompt_len[requests].max())), vocab)  # [n, Lp]
         edits = [states[i].context_edits for i in requests]
-        presence, frequency, repetition = torch.tensor([[e.presence, e.frequency, e.repetition] for e in edits],
-                                                       dtype=logits.dtype).T.to(device, non_blocking=True)
+        # [3, n], a row each: vLLM's CUDA repetition-penalty kernel takes contiguous [n] tensors only.
+        presence, frequency, repetition = torch.tensor([[e.presence for e in edits], [e.frequency for e in edits],
+                                                        [e.repetition for e in edits]],
+                                                       dtype=logits.dtype).to(device, non_blocking=True)
         index = torch.from_numpy(rows).to(device, non_blocking=True)
         logits[index] = apply_penalties(logits[index], prompt, output, presence, frequency, repetition)
 

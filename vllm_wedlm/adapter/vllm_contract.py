@@ -52,6 +52,7 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
     "make_spec_decoding_stats": _override("Scheduler", "self", "spec_decoding_stats", "num_draft_tokens",
                                           "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"),
     "shutdown": _override("Scheduler", "self"),
+    "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
 }
 
 _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler): the above, and more
@@ -61,7 +62,6 @@ _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     # Aliased by WeDLMFixedRowsScheduler: the async placeholder accounting must stay in this method.
     "_update_request_with_output": _override("AsyncScheduler", "self", "request", "new_token_ids"),
     "add_request": _override("Scheduler", "self", "request"),
-    "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
     "schedule": _override("Scheduler", "self", "throttle_prefills"),
     "_preempt_request": _override("Scheduler", "self", "request", "timestamp"),
 }
