@@ -110,8 +110,9 @@ class ArCounts:
 @dataclass
 class RunnerCounts:
     """The step results of the fixed-rows runner, from each request's ``WindowCounts``, checking
-    that each window is scheduled 2W rows (pipelined) or exactly its own (not), W the server's; an
-    adaptive window plans with the W the scheduler chose for it (``wedlm_window_sizes``)."""
+    that each window is scheduled rows that hold it (at most 2W, the server's W), or while its step
+    before is in flight at least its run; an adaptive window plans with the W the scheduler chose
+    for it (``wedlm_window_sizes``), and its rows follow its own W."""
 
     window_size: int
     rng: random.Random
@@ -123,6 +124,7 @@ class RunnerCounts:
     lossless_steps: int = 0  # lossless window steps, pipelined or not
     windows_pipelined: int = 0  # window steps scheduled while the request's window step before was in flight
     sizes_seen: set[int] = field(default_factory=set)  # the adaptive window's W, as the scheduler chose them
+    narrow: int = 0  # window steps of fewer rows than the server's W
 
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -171,7 +173,7 @@ class RunnerCounts:
             window.drawn += 1
             assert window.prompt + window.drawn <= MAX_MODEL_LEN, (req_id, window)
             return 1
-        # W of the window this step plans (an adaptive window's own); rows are the server's W's.
+        # W of the window this step plans (an adaptive window's own); 2W rows at most, the server's W.
         w = self.window_size if chosen is None else chosen.get(req_id, window.w)  # (a prefill chunk: unused)
         q = 2 * self.window_size
         if isinstance(window, LosslessCounts):
@@ -197,15 +199,17 @@ class RunnerCounts:
         else:
             needed = len(window.filled)
             run = leading_run(window.filled)
-            # 2W rows (vLLM cuts them at max_model_len) or W and its run (the window's own, but for
-            # an adaptive window of a smaller W); while its last step is in flight (its run
-            # unknown), W and a predicted run: void if its window is longer
+            # With no step in flight, rows that hold the whole window (its own, or a bound on it: an
+            # adaptive window's fills may reach past its W) and at most 2W; while its last step is in
+            # flight (its run unknown), rows that hold at least its run (KV) and perhaps not the
+            # rest (a predicted run too short): void then.
             room = MAX_MODEL_LEN - window.start
-            assert needed <= min(self.window_size + run, room), (req_id, window)  # what the rows hold
-            allowed = (range(min(self.window_size, needed), q + 1) if in_flight
-                       else (min(self.window_size + run, room), min(q, room)))
-            assert rows in allowed, f"{req_id}: {rows} rows for a window of {needed} (2W = {q}, {in_flight=})"
+            if in_flight:
+                assert run <= rows <= q, f"{req_id}: {rows} rows for a run of {run} (2W = {q})"
+            else:
+                assert needed <= rows <= min(q, room), f"{req_id}: {rows} rows for a window of {needed} (2W = {q})"
             self.layouts["padded" if rows == q else "exact"] += 1
+            self.narrow += rows < min(self.window_size, room)  # fewer than the server's W: an adaptive window's own
             if rows < needed:
                 assert rows >= run  # its run's KV is written
                 self.voids += 1
@@ -216,8 +220,8 @@ class RunnerCounts:
 
     def _lossless_step(self, req_id: str, window: LosslessCounts, rows: int, drafts: int, scheduler, w: int) -> int:
         """A lossless request's part of a step: its prompt (no first window rides with it), then
-        windows of 2W rows (cut at max_model_len), never void; ``w``: W of the window it plans."""
-        q = 2 * self.window_size
+        windows of 2W rows (W its own; cut at max_model_len), never void; ``w``: W of the window it plans."""
+        q = 2 * window.w
         if window.resuming or window.filled is None:
             assert not drafts, req_id
             window.computed += rows
@@ -354,3 +358,4 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
         # W moved (from 1 for windows that commit little up to 16 for those that fill), or never did.
         assert runner.sizes_seen >= ({1, 16} if adaptive else set()) and len(runner.sizes_seen) >= 4 * adaptive, (
             runner.sizes_seen)
+        assert bool(runner.narrow) == adaptive, runner.narrow

@@ -124,3 +124,33 @@ def test_an_empty_batch_and_a_window_of_one():
     cost = step_cost(MICRO)
     assert choose_window_sizes(torch.zeros(0), 16, cost).tolist() == []
     assert choose_window_sizes(torch.tensor([9.0, 0.5]), 1, cost).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_below_the_knee_every_usable_slot_is_taken(seed):
+    """The short cut for a batch whose whole windows fit below the knee gives the best prefix's
+    answer: with rows free, every slot expected to commit at least MIN_SLOT_GAIN."""
+    gen = torch.Generator().manual_seed(seed)
+    estimate = torch.rand(8, generator=gen) * 20
+    free = StepCost(fixed=1.0, per_row=0.0, knee=0)  # flat, but no short cut (knee 0)
+    below = StepCost(fixed=1.0, per_row=1.0, knee=10**6)  # the short cut
+    assert choose_window_sizes(estimate, 16, free).tolist() == choose_window_sizes(estimate, 16, below).tolist()
+
+
+def test_a_new_request_starts_from_what_the_server_saw():
+    """The scheduler's record (adapter/window_sizer.py): requests whose windows commit one token per
+    forward bring the server's estimate down, so a new request's first window is small; one that
+    finished is forgotten."""
+    from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
+
+    sizer = WindowSizer(16, step_cost(MICRO))
+    first = SimpleNamespace()
+    assert sizer.assign(first, ["a", "b"]) == {"a": 16, "b": 16} == getattr(first, WINDOW_SIZES_ATTR)
+    for _ in range(60):
+        step = SimpleNamespace()
+        sizes = sizer.assign(step, ["a", "b"])
+        sizer.observe(step, {"a": 1, "b": 1})
+    assert max(sizes.values()) <= 2, sizes
+    assert sizer.assign(SimpleNamespace(), ["new"])["new"] <= 3
+    sizer.forget("a")
+    assert "a" not in sizer.estimates and sizer.window_of("a") == 16

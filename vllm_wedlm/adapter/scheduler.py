@@ -32,7 +32,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.adapter.window_sizer import WindowSizer
+from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -295,6 +295,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._lossless: set[str] = set()
         # req_id -> the leading run its last finished step returned (what its next window adds to W).
         self._runs: dict[str, int] = {}
+        # req_id -> at most how many slots follow the leading run of the window its last finished
+        # step planned (``_span``); kept through a preemption, as the window is.
+        self._spans: dict[str, int] = {}
         # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
         # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
         # whose window (drafts) it forwards.
@@ -318,6 +321,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._forget(request.request_id)  # finished or aborted
         self._autoregressive.discard(request.request_id)
         self._lossless.discard(request.request_id)
+        self._spans.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
     def _forget(self, req_id: str) -> None:
@@ -326,10 +330,13 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def schedule(self, *args, **kwargs):
         windows = [request for request in self.running if request.request_id in self._windowed]
-        window_size = self.wedlm.window_size
-        exact = sum(self._window_rows if request.request_id in self._lossless
-                    else window_size + self._runs.get(request.request_id, 0) for request in windows)
-        padded = self._gate.pipelines(len(windows) * self._window_rows, exact)
+        exact = padding = 0
+        for request in windows:
+            w, span = self.window_of(request), self._span(request)
+            lossless = request.request_id in self._lossless
+            exact += max_window_tokens(w) if lossless else w + self._runs.get(request.request_id, 0)
+            padding += max_window_tokens(w) if lossless else span + w
+        padded = self._gate.pipelines(padding, exact)
         held, kept = [], []
         for request in self.running:
             if request.request_id in self._autoregressive:
@@ -358,24 +365,33 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     def _rows(self, request, padded: bool) -> int | None:
         """The rows of a windowed request's next window step, or None to hold it out of this schedule.
 
-        With no step of it in flight the host knows the window: its run (``N - C``) and W slots, or
-        2W rows where the gate pads (a synchronous engine's steps, or windows that were held).
-        With one in flight its run is unknown: 2W rows where the gate pads, else W and the run its
-        last finished step returned, a prediction the runner checks (a longer run makes the window
-        void for the step, ``window_step.fixed_rows_window_step``). A lossless window always gets 2W
-        rows: its leading run is unverified fills the host never sees. W is the server's: an adaptive
-        window's own W is at most that, and its window is at most W longer than its run (its fills
-        past its own W's masks come from windows of at most the server's W), so these rows hold it;
-        each window forwarding rows for its own W would need its length, which only the device knows.
-        Held where the rows could pass ``max_model_len`` (C bounds the window's start from above while
-        a step is in flight)."""
-        window_size, computed = self.wedlm.window_size, request.num_computed_tokens
-        if request.request_id in self._lossless:
-            padded = True  # its leading run is known on the device only
-        if not request.num_output_placeholders:
-            return self._window_rows if padded else window_size + request.num_tokens - computed
-        rows = self._window_rows if padded else window_size + self._runs.get(request.request_id, window_size)
+        W is the window's own (the server's, or the W an adaptive window was planned with), and S
+        bounds the slots after its leading run (``_span``: W, or more for an adaptive window that
+        still holds fills from a wider one). With no step of it in flight the host knows its run
+        (``N - C``): run + S rows, or at least S + W where the gate pads (2W at a fixed W: a
+        synchronous engine's steps, or windows that were held). With one in flight its run is unknown
+        but at most S: S + W rows where the gate pads (2W at a fixed W), else W and the run its last
+        finished step returned (at least S), a prediction the runner checks (a longer window is void
+        for the step and writes only its run's KV, ``window_step.fixed_rows_window_step``). A lossless
+        window always gets 2W rows: its leading run is unverified fills the host never sees, and its
+        verification cuts it to W slots after the run it commits. Held where the rows could pass
+        ``max_model_len`` (C bounds the window's start from above while a step is in flight)."""
+        window_size, computed = self.window_of(request), request.num_computed_tokens
+        span = self._span(request)
+        lossless = request.request_id in self._lossless  # its leading run is known on the device only
+        if not request.num_output_placeholders:  # vLLM cuts the rows at max_model_len
+            run = request.num_tokens - computed
+            return max_window_tokens(window_size) if lossless else (max(run, window_size) if padded else run) + span
+        if lossless:
+            rows = max_window_tokens(window_size)
+        else:
+            rows = span + window_size if padded else max(window_size + self._runs.get(request.request_id, span), span)
         return None if computed + rows > self.max_model_len else rows
+
+    def _span(self, request) -> int:
+        """At most how many slots follow the leading run of ``request``'s window: its W, unless a
+        wider W before left fills further right (an adaptive window), which stay until committed."""
+        return self._spans.get(request.request_id, self.window_of(request))
 
     def _ar_rows(self, request) -> int | None:
         """0 (vLLM schedules an AR request's tokens itself), or None to hold it out of this schedule:
@@ -410,6 +426,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
+                self._planned(req_id, scheduler_output, 0)  # (preempted: it keeps that window)
                 continue
             # The run a window step returns is the next window's leading run, whose KV the
             # request's next window step writes. If that step is in flight already (scheduled
@@ -418,11 +435,24 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
             if req_id in self._lossless:
                 continue  # its verified run: KV written by this step, as vLLM counts accepted drafts
+            self._planned(req_id, scheduler_output, run)
             if not any(req_id in later for _, later in self._in_flight.values()):
                 request.num_computed_tokens -= run
             if req_id in self._windowed:
                 self._runs[req_id] = run
+        for req_id in set(getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or ()) - set(drafted):
+            self._planned(req_id, scheduler_output, 0)  # a first window, planned after its prompt: no run
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _planned(self, req_id: str, scheduler_output, run: int) -> None:
+        """Bound the slots after the leading run (``run``) of the window a finished step planned for
+        ``req_id`` with W (its ``WINDOW_SIZES_ATTR``): W, or what the window before held after its
+        run, less this run (the plan keeps every fill, up to the last)."""
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
+        request = self.requests.get(req_id)
+        if chosen and req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
+            window_size = chosen[req_id]
+            self._spans[req_id] = max(window_size, self._spans.get(req_id, window_size) - run)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:

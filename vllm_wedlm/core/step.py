@@ -52,7 +52,7 @@ def plan_step(window: Window | None, window_size: int, committed_len: int, limit
     request's tokens do not depend on it. Only the KV room ends a window early: no slot at or
     past ``limit`` (max_model_len), where the request must end anyway.
 
-    ``window_size`` may change from step to step (an adaptive window, ``WeDLMSettings.window_tokens``).
+    ``window_size`` may change from step to step (an adaptive window, ``core.window_policy``).
     A window longer than its new size allows loses its trailing masks, never a filled slot: it
     keeps every slot up to its last fill.
     """

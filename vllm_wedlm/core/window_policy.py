@@ -61,11 +61,11 @@ class StepCost:
         return self.fixed + self.per_row * (rows.double() - self.knee).clamp(min=0)
 
 
-def update_commit_estimate(estimate: torch.Tensor, committed: torch.Tensor, window_size: torch.Tensor) -> torch.Tensor:
-    """[B] float32: each estimate (``commit_estimate``) after a forward that committed ``committed``
-    ([B]) tokens of a window of ``window_size`` ([B]) slots."""
-    censored = committed >= window_size
-    observed = committed.float() + CENSORED_BONUS * censored.float()
+def update_commit_estimate(estimate, committed, window_size):
+    """Each estimate (``commit_estimate``) after a forward that committed ``committed`` tokens of a
+    window of ``window_size`` slots: [B] tensors (float32 out) or one request's numbers (the
+    scheduler's, per request: no tensor to build)."""
+    observed = committed + CENSORED_BONUS * (committed >= window_size)  # a full window counts more
     return estimate + COMMIT_AVERAGE_WEIGHT * (observed - estimate)
 
 
@@ -85,6 +85,15 @@ def expected_commits(estimate: torch.Tensor, window_size: torch.Tensor) -> torch
     gains = _usable(slot_gains(estimate, int(window_size.max())))
     columns = torch.arange(gains.shape[1], device=gains.device)[None]
     return torch.where(columns < window_size[:, None], gains, 0).sum(1)
+
+
+def usable_slots(estimate: torch.Tensor, max_window: int) -> torch.Tensor:
+    """[B] int64: the slots of each window expected to commit at least ``MIN_SLOT_GAIN`` tokens (the
+    first always): slot w (from 0) while ``q ** w >= MIN_SLOT_GAIN``, at most ``max_window``."""
+    q = (1 - 1 / estimate.double().clamp(min=1)).clamp(0, 1)  # [B]
+    # Counted with slot_gains' own powers, so that the two agree on a gain at the floor exactly.
+    w = torch.arange(max_window, dtype=torch.float64, device=estimate.device)
+    return (q[:, None] ** w[None] >= MIN_SLOT_GAIN).sum(1).clamp(min=1)
 
 
 def _usable(gains: torch.Tensor) -> torch.Tensor:
@@ -107,6 +116,10 @@ def choose_window_sizes(estimate: torch.Tensor, max_window: int, cost: StepCost,
         return torch.zeros(0, dtype=torch.int64, device=estimate.device)
     if run_rows is None:
         run_rows = estimate.clamp(0, max_window)
+    if float(run_rows.sum()) + batch * max_window <= cost.knee:
+        # Every window whole costs nothing beyond the knee: each gets every slot that may commit
+        # MIN_SLOT_GAIN (the best prefix below, with no sort: the common case on a small batch).
+        return usable_slots(estimate, max_window)
     gains = _usable(slot_gains(estimate, max_window))  # [B, W]
     extra = gains[:, 1:].flatten()  # [B * (W - 1)]: every slot past each window's first
     order = torch.argsort(extra, descending=True, stable=True)

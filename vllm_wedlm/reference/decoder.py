@@ -79,7 +79,7 @@ class ReferenceDecoder:
         """Decode ``prompt_ids`` until ``stop``.
 
         ``window_sizes``: W of each window planned, in order (the first forward's, the second's,
-        ...), where the engine adapted W to its batches (``--wedlm-window-tokens``; the engine's
+        ...), where the engine sized each window itself (``--wedlm-window-size auto``; the engine's
         record: ``wedlm_trace_window_sizes``); past its end, ``window_size``.
         """
         sampling = SamplingSpec() if sampling is None else sampling  # greedy by default
