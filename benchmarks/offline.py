@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
@@ -12,7 +11,15 @@ import numpy as np
 from benchmarks.modes import Mode, by_engine, token_budget
 from benchmarks.workload import Prompt, score, take
 from vllm_wedlm.engine_settings import engine_kwargs
-from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, window_steps, window_steps_since
+from vllm_wedlm.evaluation import (
+    graph_modes,
+    graph_modes_since,
+    request_forwards,
+    start_window_trace,
+    window_histogram,
+    window_steps,
+    window_steps_since,
+)
 
 #: Requests of a batch-1 point, run one at a time: a single request is one question's few forwards.
 BATCH1_REQUESTS = 16
@@ -124,7 +131,7 @@ class _Measurement:
             forwards = dict.fromkeys(times, 0)
             steps: dict[str, dict[str, int]] = {name: {} for name in times}  # WeDLM: steps per graph mode
             plain_steps = {name: {"compiled": 0, "eager": 0} for name in times}  # WeDLM: window step runs
-            histograms: dict[str, dict[int, int]] = {}  # an adaptive window's W: windows planned at each
+            histograms: dict[str, dict[str, int]] = {}  # an adaptive window's W: windows planned at each
             outputs = {}
             for repeat in range(self.repeats):
                 for mode, llm, counter in runs:
@@ -132,7 +139,7 @@ class _Measurement:
                     traced = mode.windows and (mode.adaptive or self.window_tokens is not None) and (
                         repeat == self.repeats - 1)
                     if traced:
-                        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+                        start_window_trace(llm)
                     params = sampling_params(mode, limit, self.ignore_eos)
                     before = counter.snapshot()
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
@@ -144,9 +151,7 @@ class _Measurement:
                         outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
                     times[mode.name].append(time.perf_counter() - start)
                     if traced:
-                        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
-                        histograms[mode.name] = dict(sorted(Counter(w for sizes in trace.values()
-                                                                    for w in sizes).items()))
+                        histograms[mode.name] = window_histogram(llm)
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs[mode.name])
                     forwards[mode.name] += counter.forwards(before, counter.snapshot(), tokens)
                     if mode.decoding == "wedlm":
@@ -161,7 +166,7 @@ class _Measurement:
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
              times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int],
-             scheduling: dict[str, str], window_histogram: dict[int, int] | None = None) -> None:
+             scheduling: dict[str, str], histogram: dict[str, int] | None = None) -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -182,7 +187,7 @@ class _Measurement:
             row.update(scheduling)
             row["graph_modes"] = steps
             row["window_steps"] = plain_steps  # steps of plain windows: device work compiled / eager
-            if window_histogram is not None:
-                row["window_histogram"] = {str(w): n for w, n in window_histogram.items()}  # W: windows planned
+            if histogram is not None:
+                row["window_histogram"] = histogram  # W: windows planned
         self.rows.append(row)
         self.progress(len(self.rows), self.total, row)

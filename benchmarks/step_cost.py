@@ -17,7 +17,6 @@ the median and the spread). WeDLM rows also say which CUDA graph mode their step
 from __future__ import annotations
 
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,8 @@ from vllm_wedlm.evaluation import (
     graph_modes_since,
     request_forwards,
     row_layouts,
+    start_window_trace,
+    window_histogram,
     window_steps,
     window_steps_since,
 )
@@ -139,7 +140,7 @@ def run(model: Path, *, windows: list[int | str], batch_sizes: list[int], taus: 
                     layouts_before = row_layouts(llm) if fixed else {}
                     adaptive = window == AUTO_WINDOW
                     if adaptive:  # the W of every window planned, over the timed runs
-                        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+                        start_window_trace(llm)
                     runs = [_measure(llm, decoding, prompts, lengths, tau) for _ in range(repeats)]
                     steps_ms = sorted(step_s * 1e3 for step_s, _ in runs)
                     step_ms = float(np.median(steps_ms))
@@ -150,9 +151,7 @@ def run(model: Path, *, windows: list[int | str], batch_sizes: list[int], taus: 
                            "tokens_per_step": round(tokens_per_step, 3),
                            "output_tok_s": round(batch * tokens_per_step / step_ms * 1e3, 1), **engine}
                     if adaptive:
-                        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
-                        sizes = Counter(w for planned in trace.values() for w in planned)
-                        row["window_histogram"] = {str(w): n for w, n in sorted(sizes.items())}
+                        row["window_histogram"] = window_histogram(llm)
                     if fixed:  # the gate's choices: steps padded (pipelined) or exact
                         row["row_layouts"] = counts_since(row_layouts(llm), layouts_before)
                     if decoding == "wedlm":  # graphs replayed; the window steps' device work compiled or eager

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,19 @@ def evaluate_mode(
 def request_forwards(llm) -> int:
     """Windows a WeDLM ``vllm.LLM`` has forwarded so far, summed over its workers."""
     return sum(llm.collective_rpc("wedlm_request_forwards"))
+
+
+def start_window_trace(llm) -> None:
+    """Record the W of every window a WeDLM ``vllm.LLM`` plans from now on (``window_histogram``)."""
+    llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+
+
+def window_histogram(llm) -> dict[str, int]:
+    """Stop the record ``start_window_trace`` began; windows planned at each W since ({"W": count},
+    in order of W), over every worker."""
+    sizes = Counter(w for trace in llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+                    for planned in trace.values() for w in planned)
+    return {str(w): n for w, n in sorted(sizes.items())}
 
 
 def _summed_counts(llm, method: str) -> dict[str, int]:

@@ -117,9 +117,8 @@ class FixedRows(RowLayout):
             self.layouts["padded" if padded else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
-        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless;
-        # each window row's index and window.
-        # each window's W for the plan at the step's end;
+        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless and
+        # W of its plan at the step's end; each window row's index and window.
         head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b], batch.window_sizes[b]])
         index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + ragged_arange(rows),
                                                  row_of])).to(self.device, non_blocking=True)

@@ -96,10 +96,14 @@ class WeDLMScheduler(Scheduler):
         and those whose prompt it completes, unless they had a window before a preemption (the runner
         keeps it as it was, of the W it was planned with)."""
         drafted, planned = scheduler_output.scheduled_spec_decode_tokens, self._sizer.planned
-        return [req_id for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
-                if req_id in drafted or (req_id not in planned and not decodes_ar(self.requests[req_id].sampling_params)
-                                         and self.requests[req_id].num_computed_tokens + num_tokens
-                                         >= self.requests[req_id].num_tokens)]
+        planning = []
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            completes_prompt = request.num_computed_tokens + num_tokens >= request.num_tokens
+            if req_id in drafted or (completes_prompt and req_id not in planned
+                                     and not decodes_ar(request.sampling_params)):
+                planning.append(req_id)
+        return planning
 
     def _ride_first_windows(self, scheduler_output) -> dict[str, int]:
         """Schedule the first window of each plain WeDLM request whose prompt's prefill ends in this

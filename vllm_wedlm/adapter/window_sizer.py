@@ -61,8 +61,7 @@ class WindowSizer:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
         returned, for the requests whose window it forwarded)."""
         forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, {})
-        seen = [req_id for req_id in runs if req_id in forwarded]
-        for req_id in seen:
+        for req_id in runs.keys() & forwarded.keys():
             value = update_commit_estimate(self.estimates.get(req_id, self.prior), runs[req_id], forwarded[req_id])
             self.estimates[req_id] = value
             self.prior += PRIOR_WEIGHT * (value - self.prior)

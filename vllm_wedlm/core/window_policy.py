@@ -89,11 +89,8 @@ def expected_commits(estimate: torch.Tensor, window_size: torch.Tensor) -> torch
 
 def usable_slots(estimate: torch.Tensor, max_window: int) -> torch.Tensor:
     """[B] int64: the slots of each window expected to commit at least ``MIN_SLOT_GAIN`` tokens (the
-    first always): slot w (from 0) while ``q ** w >= MIN_SLOT_GAIN``, at most ``max_window``."""
-    q = (1 - 1 / estimate.double().clamp(min=1)).clamp(0, 1)  # [B]
-    # Counted with slot_gains' own powers, so that the two agree on a gain at the floor exactly.
-    w = torch.arange(max_window, dtype=torch.float64, device=estimate.device)
-    return (q[:, None] ** w[None] >= MIN_SLOT_GAIN).sum(1).clamp(min=1)
+    first always, its gain being 1): the gains decrease along a window, so these are its first ones."""
+    return (slot_gains(estimate, max_window) >= MIN_SLOT_GAIN).sum(1)
 
 
 def _usable(gains: torch.Tensor) -> torch.Tensor:
