@@ -33,6 +33,19 @@ import time
 from pathlib import Path
 
 
+def _window_size(text: str) -> int | str:
+    from vllm_wedlm.config import AUTO_WINDOW
+
+    return text if text == AUTO_WINDOW else int(text)
+
+
+def _widest(window_size: int | str | None) -> int:
+    """The most slots a window of ``--window-size`` may have (an adaptive one: the default W)."""
+    from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
+
+    return window_size if isinstance(window_size, int) else DEFAULT_WINDOW_SIZE
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     model = parser.add_mutually_exclusive_group(required=True)
@@ -43,7 +56,9 @@ def main() -> None:
     parser.add_argument("--kind", default="arithmetic")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--window-size", type=int, help="WeDLM's W (default: the server's)")
+    parser.add_argument("--window-size", type=_window_size, help="WeDLM's W, or auto (adaptive; default: the server's)")
+    parser.add_argument("--request-decoding", choices=("wedlm", "ar"), default="wedlm",
+                        help="with --decoding wedlm: decode the requests AR on the WeDLM engine (wedlm_decoding ar)")
     parser.add_argument("--tau", type=float, help="each request's entropy threshold (default: the model's)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="with --shape: each prompt's length")
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM's async scheduling (GPU)")
@@ -59,7 +74,7 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    from vllm_wedlm.config import ASYNC_PADDING_KEY, REQUEST_ENTROPY_THRESHOLD
+    from vllm_wedlm.config import ASYNC_PADDING_KEY, REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD
     from vllm_wedlm.engine_settings import engine_kwargs
 
     additional_config = {"decoding": args.decoding}
@@ -81,7 +96,7 @@ def main() -> None:
 
         model = str(write_shape(Path(tempfile.mkdtemp()), args.shape))
         settings.update(load_format="dummy", max_num_batched_tokens=token_budget(args.batch_size,
-                                                                                 args.window_size or 16))
+                                                                                 _widest(args.window_size)))
         llm = LLM(model, **settings)
         vocab = llm.llm_engine.model_config.get_vocab_size()
         prompts = np.random.default_rng(0).integers(0, min(vocab, 1000), (args.batch_size, args.prompt_tokens))
@@ -96,9 +111,11 @@ def main() -> None:
                         trained_max_number(args.model))[args.kind]
         texts = [p.text for p in take(prompts, args.batch_size)]
         llm = LLM(args.model, **settings)
-    extra_args = None if args.tau is None else {REQUEST_ENTROPY_THRESHOLD: args.tau}
+    extra_args = {} if args.tau is None else {REQUEST_ENTROPY_THRESHOLD: args.tau}
+    if args.request_decoding == "ar":
+        extra_args[REQUEST_DECODING] = "ar"
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos or bool(args.shape),
-                            extra_args=extra_args)
+                            extra_args=extra_args or None)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
     if args.kernel_time:
         _kernel_time(llm, texts, params, args)

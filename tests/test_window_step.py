@@ -178,7 +178,7 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
     choice on a miss, eager without compiling, is checked on a variant left out. torch.compile with
     a backend that runs the traced graph as is: dynamo's guards, no C++ compiler. W comes per window
     (an adaptive window's, 1 included), a row of the slots' copy. ``fixed_rows``: the step of fixed
-    window rows (W logits rows per window, the largest W)."""
+    window rows (R logits rows per window, from 1 to the largest W)."""
     window_size, padded_vocab, num_compiles, num_compiled_runs = 4, 16, [], []
     function = fixed_rows_window_step if fixed_rows else plain_window_step
     window_sizes = (window_size,)
@@ -204,7 +204,9 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
             table.windows.length[slot] = rng.choice([1, 2, window_size])
             table.order[slot] = torch.arange(table.capacity)  # a window of masks: in logical order
         num_masks = int((table.windows.length[slots] - table.windows.filled[slots].sum(1)).sum())
-        logits = logits_of_rows(len(slots) * window_size if fixed_rows else num_masks)
+        # Fixed rows: R logits rows per window, the most rows a window of the step forwards, up to W.
+        rows_per_window = rng.choice([1, 2, 3, window_size])
+        logits = logits_of_rows(len(slots) * rows_per_window if fixed_rows else num_masks)
         tokens = None if rng.random() < 0.5 else sample(logits, SamplingBatch(None, None, None, None), M)
         sizes = np.array([rng.choice([1, 2, window_size]) for _ in slots])  # each next window's W
         slots_t, starts, sizes_t = plan_rows(np.array(slots), np.full(len(slots), 10), torch.device("cpu"), sizes)
@@ -213,7 +215,7 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
                                                torch.device("cpu"), sizes)
             run, starts = leading_filled(table.windows.filled[slots_t]), table.committed_len[slots_t]
             return (table.windows, table.order, slots_t, logits, tokens, run, starts, rows, table.entropy_threshold,
-                    table.pos_penalty, sizes_t, 64, M, window_size, None)  # R = W logits rows, no lossless
+                    table.pos_penalty, sizes_t, 64, M, rows_per_window, None)  # no lossless
         return (table.windows, slots_t, logits, tokens, table.entropy_threshold, table.pos_penalty, starts,
                 sizes_t, 64, M)
 
@@ -225,7 +227,7 @@ def test_start_up_compiles_every_variant_a_step_meets(fixed_rows):
         step = compiled_window_step(table, logits_of_rows, window_sizes, 64, backend=backend, fail_on_miss=True,
                                     fixed_rows=fixed_rows)
         warmed = len(num_compiles)
-        for batch in [1, 1, 1, 1, table_slots, 2 if table_slots > 1 else 1, table_slots]:
+        for batch in [1, 1, 1, 1, table_slots, 2 if table_slots > 1 else 1, table_slots] * (2 if fixed_rows else 1):
             with torch.inference_mode():  # the runner's step
                 args = step_args(table, rng.sample(range(table_slots), batch))
                 runs = len(num_compiled_runs)

@@ -39,6 +39,10 @@ FLOP_RATE = 650e12
 #: Tokens a forward takes at the cost of its weight reads (bf16: 2 bytes and 2 FLOPs per weight,
 #: about 650 TFLOP/s over 2.6 TB/s): a 2W-row step of 16 windows of 16 costs no more than exact rows.
 KNEE_TOKENS = 256
+#: Rows a window step takes before each costs its FLOPs, for the adaptive window's cost curve: the
+#: knee the steps show, below the weight-read roofline's. Qwen3-8B shape, W 1 windows (2 rows each),
+#: one H200, BENCHMARKS 7: 5.38 / 5.62 / 7.33 ms at 2 / 32 / 128 rows, 18 µs a row past 32.
+WINDOW_KNEE_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,8 @@ def default_async_scheduling(requested: bool | None, hf_config) -> bool | None:
 
 def step_cost(hf_config, knee: int | None = None) -> StepCost:
     """This module's model of a step as the adaptive window's cost curve (``core.window_policy``):
-    the host work and a forward at the knee (``KNEE_TOKENS``, or ``knee``: ``--wedlm-window-tokens``)
-    fixed, each row beyond it its FLOPs at ``FLOP_RATE``."""
-    knee = KNEE_TOKENS if knee is None else knee
+    the host work and a forward at the knee (``WINDOW_KNEE_TOKENS``, or ``knee``:
+    ``--wedlm-window-tokens``) fixed, each row beyond it its FLOPs at ``FLOP_RATE``."""
+    knee = WINDOW_KNEE_TOKENS if knee is None else knee
     per_row = flops_per_token(hf_config) / FLOP_RATE
     return StepCost(fixed=HOST_SECONDS + knee * per_row, per_row=per_row, knee=knee)

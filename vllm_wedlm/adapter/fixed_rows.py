@@ -48,6 +48,8 @@ class FixedRows(RowLayout):
         # The step's windows: slots, leading runs, starts and rows (device, [Bw] each), whether all
         # forwarded 2W rows, and which are lossless (device [Bw] bool, or None when none is).
         self.forwarded: tuple = ()
+        # R, the logits rows of each window of the step (``logits_rows_per_window``).
+        self.rows_per_window = 0
         # Each AR-decoded request's last draw, per slot (the next step's input).
         self.ar_draws = torch.zeros(runner.max_num_reqs, dtype=torch.long, device=self.device)
         # Steps whose windows all forwarded 2W rows ("padded") and the others ("exact": the
@@ -93,7 +95,8 @@ class FixedRows(RowLayout):
         completes_prefill = ~window & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
         ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
         first_token = completes_prefill & lossless & ~has_window  # [B] draws its window's slot 0 from its last row
-        rows_per_window = self.logits_rows_per_window(window & lossless)
+        rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window])
+        self.rows_per_window = rows_per_window
         self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
                                     ar_next, first_token, computed + n,
                                     np.where(window, rows_per_window, (ar_next | first_token).astype(np.int64)),
@@ -164,12 +167,18 @@ class FixedRows(RowLayout):
             next_token[: self.window_logits] = check_rows(w_lossless, run, self.window_logits // len(w_slots)).flatten()
         return positions + next_token
 
-    def logits_rows_per_window(self, lossless_windows: np.ndarray) -> int:
+    def logits_rows_per_window(self, lossless_windows: np.ndarray, window_rows: np.ndarray) -> int:
         """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window
-        has (the server's W; an adaptive window's is at most that), or, in a step with a lossless
-        window ([B] bool), the most rows a window has (2W), which its verification reads."""
+        can have (the server's W), or, in a step with a lossless window ([B] bool), the most rows a
+        window can have (2W), which its verification reads; and no more than the most rows a window
+        of the step forwards (``window_rows`` [Bw]). A window that is not void holds its run and the
+        slots after it within its rows, so those bound its mask rows; an adaptive window's W is
+        mostly far below the server's, and each logits row costs the LM head's FLOPs and its share
+        of the sampling (R 16 for windows of W 1 cost 2 ms a step on the Qwen3-8B shape at batch 64,
+        lab notebook 5.20)."""
         window_size = self.settings.window_size
-        return max_window_tokens(window_size) if lossless_windows.any() else window_size
+        most = max_window_tokens(window_size) if lossless_windows.any() else window_size
+        return int(min(most, window_rows.max(initial=1)))
 
     def ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, draws: np.ndarray,
                      starts: np.ndarray, n: np.ndarray) -> torch.Tensor:
@@ -218,7 +227,7 @@ class FixedRows(RowLayout):
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         window_rows = np.flatnonzero(step.window)  # [Bw]
-        rows_per_window = self.logits_rows_per_window(step.window & step.lossless)
+        rows_per_window = self.rows_per_window  # prepare's R
         width = max(2, rows_per_window)
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows

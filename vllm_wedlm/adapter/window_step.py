@@ -193,12 +193,15 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
           torch.inference_mode()):
         for window_size, windows, masks, greedy in itertools.product(sorted(set(window_sizes)), (1, 2), (1, 2),
                                                                      (True, False)):
-            if windows > table.num_slots or masks > window_size or windows == masks == 2:
-                continue  # (2 windows of 2 masks: a variant 2 windows of 1 mask stands for)
-            if fixed_rows:  # R logits rows per window, R the largest W (plain windows only: lossless run eagerly)
-                if masks == 2:
+            if fixed_rows:
+                # R logits rows per window, from 1 to the largest W (the most rows a step's windows
+                # forward, FixedRows.logits_rows_per_window): 1 compiles apart, the rest share a
+                # variant. Plain windows only: lossless ones run eagerly.
+                masks = max(window_sizes) if masks == 2 else 1
+                if windows > table.num_slots:
                     continue
-                masks = max(window_sizes)
+            elif windows > table.num_slots or masks > window_size or windows == masks == 2:
+                continue  # (2 windows of 2 masks: a variant 2 windows of 1 mask stands for)
             logits = logits_of_rows(windows * masks)
             tokens = None if greedy else _greedy(logits, table.mask_id)
             # Slots and, in one copy, the windows' starts (fixed rows: the rows each forwards, as

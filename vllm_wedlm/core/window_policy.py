@@ -10,8 +10,13 @@ The model behind the choice:
 
 * **What a request commits.** ``commit_estimate`` is a moving average of the tokens each of its
   forwards committed. A forward that committed its whole window was censored by W (it might have
-  committed more), so it counts ``CENSORED_BONUS`` more: a window that keeps filling up grows, and a
-  request at W = 1 (which always commits 1) keeps probing for more. The run a request would commit
+  committed more), so it counts ``CENSORED_BONUS`` more: a window that keeps filling up grows. A
+  window of one slot commits it whatever the model's confidence, so its full forward says little and
+  counts only ``SINGLE_SLOT_BONUS`` more: the estimate of a request at W = 1 settles at 1 plus that,
+  where a second slot is worth a row only while rows are nearly free (a small batch, a host-bound
+  model). So such a request keeps probing W = 2 where probing costs nothing, and stays at W = 1 on a
+  compute-bound batch (where the full bonus made it alternate W 1 and 2: 0.62x AR's throughput
+  against W 1's 0.88x on the Qwen3-8B shape at batch 64, lab notebook 5.20). The run a request would commit
   with an unbounded window is taken as geometric with that mean: each slot after the first is
   committed with probability ``q`` = 1 - 1 / estimate after the one before it, so slot w (counted
   from 1) is expected to commit ``q ** (w - 1)`` tokens (``slot_gains``). The first slot commits one
@@ -39,6 +44,8 @@ import torch
 COMMIT_AVERAGE_WEIGHT = 0.25
 #: What a forward that committed its whole window adds to the estimate beyond its commits.
 CENSORED_BONUS = 0.5
+#: The same for a window of one slot (it always commits): a second slot then expects 1/9 of a token.
+SINGLE_SLOT_BONUS = 0.125
 #: A slot whose expected commit is below this is not forwarded, whatever rows cost.
 MIN_SLOT_GAIN = 1 / 16
 
@@ -65,7 +72,9 @@ def update_commit_estimate(estimate, committed, window_size):
     """Each estimate (``commit_estimate``) after a forward that committed ``committed`` tokens of a
     window of ``window_size`` slots: [B] tensors (float32 out) or one request's numbers (the
     scheduler's, per request: no tensor to build)."""
-    observed = committed + CENSORED_BONUS * (committed >= window_size)  # a full window counts more
+    full = committed >= window_size
+    bonus = CENSORED_BONUS * full * (window_size > 1) + SINGLE_SLOT_BONUS * full * (window_size == 1)
+    observed = committed + bonus  # a full window counts more
     return estimate + COMMIT_AVERAGE_WEIGHT * (observed - estimate)
 
 
