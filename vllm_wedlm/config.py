@@ -30,8 +30,8 @@ DECODING_KEY = "decoding"
 WINDOW_SIZE_KEY = "window_size"
 #: Turns on the adaptive window (``core/window_policy.py``: each request's W per step from what its
 #: windows commit and what rows cost, at most ``window_size``) and sets the knee of its step-cost
-#: model: the window rows a step takes at no extra cost (default: from the model, adapter/async_gate.py).
-#: ``window_size: "auto"`` turns it on with the default W as the most and the model's knee.
+#: model: the window rows a step takes at no extra cost (default: adapter/async_gate.WINDOW_KNEE_TOKENS).
+#: ``window_size: "auto"`` turns it on with the default W as the most and the default knee.
 WINDOW_TOKENS_KEY = "window_tokens"
 AUTO_WINDOW = "auto"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
@@ -103,7 +103,7 @@ class WeDLMSettings:
     ``window_size``."""
 
     window_tokens: int | None = None
-    """The adaptive window's knee: rows a step takes at no extra cost (None: the model's)."""
+    """The adaptive window's knee: rows a step takes at no extra cost (None: ``WINDOW_KNEE_TOKENS``)."""
 
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
