@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from benchmarks import offline, online, report, step_cost, workload
-from benchmarks.modes import parse_modes
+from benchmarks.modes import parse_modes, parse_window_size
 from benchmarks.stats import add_ratios_to_ar
 from vllm_wedlm.evaluation import trained_max_number
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         overrides = {"gpu_memory_utilization": args.gpu_memory_utilization}
         if args.cudagraph_mode:
             overrides["compilation_config"] = {"cudagraph_mode": args.cudagraph_mode}
-        windows = [w if w == "auto" else int(w) for w in args.windows.split(",")]
+        windows = [parse_window_size(w) for w in args.windows.split(",")]
         rows = step_cost.run(model, windows=windows, batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
                              lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,

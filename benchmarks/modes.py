@@ -140,6 +140,17 @@ def parse_modes(text: str) -> list[Mode]:
     return modes
 
 
+def parse_window_size(text: str) -> int | str:
+    """A W on a command line: an integer, or ``auto`` (the adaptive window)."""
+    return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
+
+
+def widest_window(window_size: int | str | None) -> int:
+    """The most slots a window of ``window_size`` may have: an adaptive one's (``auto``) and the
+    server's default (None) are the default W's."""
+    return window_size if isinstance(window_size, int) else DEFAULT_WINDOW_SIZE
+
+
 def token_budget(max_batch: int, window_size: int) -> int:
     """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows fits one
     step, and AR gets the same budget."""

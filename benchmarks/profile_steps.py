@@ -33,20 +33,9 @@ import time
 from pathlib import Path
 
 
-def _window_size(text: str) -> int | str:
-    from vllm_wedlm.config import AUTO_WINDOW
-
-    return text if text == AUTO_WINDOW else int(text)
-
-
-def _widest(window_size: int | str | None) -> int:
-    """The most slots a window of ``--window-size`` may have (an adaptive one: the default W)."""
-    from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
-
-    return window_size if isinstance(window_size, int) else DEFAULT_WINDOW_SIZE
-
-
 def main() -> None:
+    from benchmarks.modes import parse_window_size
+
     parser = argparse.ArgumentParser(description=__doc__)
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="a trained model's directory")
@@ -56,7 +45,8 @@ def main() -> None:
     parser.add_argument("--kind", default="arithmetic")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--window-size", type=_window_size, help="WeDLM's W, or auto (adaptive; default: the server's)")
+    parser.add_argument("--window-size", type=parse_window_size,
+                        help="WeDLM's W, or auto (adaptive; default: the server's)")
     parser.add_argument("--request-decoding", choices=("wedlm", "ar"), default="wedlm",
                         help="with --decoding wedlm: decode the requests AR on the WeDLM engine (wedlm_decoding ar)")
     parser.add_argument("--tau", type=float, help="each request's entropy threshold (default: the model's)")
@@ -91,12 +81,12 @@ def main() -> None:
     if args.shape:
         import numpy as np
 
-        from benchmarks.modes import token_budget
+        from benchmarks.modes import token_budget, widest_window
         from benchmarks.step_cost import write_shape
 
         model = str(write_shape(Path(tempfile.mkdtemp()), args.shape))
         settings.update(load_format="dummy", max_num_batched_tokens=token_budget(args.batch_size,
-                                                                                 _widest(args.window_size)))
+                                                                                 widest_window(args.window_size)))
         llm = LLM(model, **settings)
         vocab = llm.llm_engine.model_config.get_vocab_size()
         prompts = np.random.default_rng(0).integers(0, min(vocab, 1000), (args.batch_size, args.prompt_tokens))

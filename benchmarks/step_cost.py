@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.modes import FILL_ALL, token_budget
+from benchmarks.modes import FILL_ALL, token_budget, widest_window
 from benchmarks.offline import engine_scheduling
 from vllm_wedlm.checkpoints.tiny import (
     TinySpec,
@@ -32,7 +32,6 @@ from vllm_wedlm.checkpoints.tiny import (
     write_model_files,
 )
 from vllm_wedlm.config import AUTO_WINDOW, REQUEST_ENTROPY_THRESHOLD, max_window_tokens
-from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
 from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import (
     counts_since,
@@ -109,7 +108,7 @@ def run(model: Path, *, windows: list[int | str], batch_sizes: list[int], taus: 
 
     _, n2 = lengths
     rng = np.random.default_rng(0)
-    widest = max(DEFAULT_WINDOW_SIZE if w == AUTO_WINDOW else w for w in windows)
+    widest = max(widest_window(w) for w in windows)
     engines = [("ar", None, None)] + [("wedlm", w, how) for w in windows for how in schedulings]
     total = len(batch_sizes) * (1 + len(windows) * len(schedulings) * len(taus))
     rows = []

@@ -164,7 +164,7 @@ class FixedRows(RowLayout):
         next_token[: self.window_logits] = False
         if self.window_logits and self.forwarded[-1] is not None:  # a step with lossless windows
             w_slots, run, *_, w_lossless = self.forwarded
-            next_token[: self.window_logits] = check_rows(w_lossless, run, self.window_logits // len(w_slots)).flatten()
+            next_token[: self.window_logits] = check_rows(w_lossless, run, self.rows_per_window).flatten()
         return positions + next_token
 
     def logits_rows_per_window(self, lossless_windows: np.ndarray, window_rows: np.ndarray) -> int:
