@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from benchmarks.commit_runs import reach
 from conftest import build_checkpoint
 from vllm_wedlm.checkpoints.tiny import TinySpec
 from vllm_wedlm.core import WeDLMParams
@@ -24,7 +25,8 @@ from vllm_wedlm.reference import ReferenceDecoder, StopRule
 pytestmark = pytest.mark.fast  # the fast tier: `pytest -m fast` (README)
 
 
-def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=(), max_model_len=None):
+def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=(), max_model_len=None, runs=None):
+    """The output and the forwards it took; ``runs``, a list, gets the tokens each forward committed."""
     def kv_budget(L):  # window slots that fit after L tokens
         return math.inf if max_model_len is None else max_model_len - L
 
@@ -41,7 +43,11 @@ def literal_wedlm(model, prompt, W, tau, lam, max_tokens, mask, stop_ids=(), max
         for k in range(p):  # the decided leading run: a stop inside it ends the request before the forward
             out = seq + win[:k + 1]
             if win[k] in stop_ids or len(out) - len(prompt) >= max_tokens or len(out) == max_model_len:
+                if runs is not None and forwards:
+                    runs.append(k + 1)
                 return out[len(prompt):], forwards
+        if runs is not None and forwards:
+            runs.append(p)
         order = [i for i in range(len(win)) if not flags[i]] + [i for i in range(len(win)) if flags[i]]
         ids = seq + [win[i] for i in order]
         pos = list(range(L)) + [L + i for i in order]
@@ -85,6 +91,38 @@ def test_reference_equals_the_literal_algorithm(sharp_model, W, tau, lam):
     expected, forwards = literal_wedlm(model, prompt, W, tau, lam, 24, mask)
     assert out.token_ids == expected
     assert out.num_forwards == forwards and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("W,tau", [(4, 0.4), (16, 0.4), (16, None), (16, 1e9)])
+def test_runs_are_what_each_forward_committed(sharp_model, W, tau):
+    """ReferenceOutput.runs (benchmarks/commit_runs.py's data): the literal algorithm's leading run
+    after each forward, one per forward, adding up to the output; 0 where a plain step's fill left
+    the first slot open, which happens at tau None (one fill a step, not always the first)."""
+    model, mask = sharp_model
+    prompt = [5, 17, 33, 8, 2, 41]
+    out = ReferenceDecoder(model, mask, W).generate(prompt, StopRule(max_tokens=40), WeDLMParams(tau, 0.02))
+    expected: list[int] = []
+    literal_wedlm(model, prompt, W, tau, 0.02, 40, mask, runs=expected)
+    assert out.runs == expected
+    assert len(out.runs) == out.num_forwards and sum(out.runs) == len(out.token_ids) == 40
+    if tau == 1e9:
+        assert out.runs[:-1] == [W] * (len(out.runs) - 1)
+    if tau is None:
+        assert 0 in out.runs
+    assert reach(out.runs, W)[0] == pytest.approx(sum(r > 0 for r in out.runs) / len(out.runs), abs=1e-4)
+
+
+def test_reach_is_the_share_of_runs_that_reached_each_slot():
+    assert reach([0, 1, 3, 4], 4) == [0.75, 0.5, 0.5, 0.25]
+    assert reach([], 2) == [0.0, 0.0]
+
+
+def test_lossless_runs_commit_at_least_the_ar_token(sharp_model):
+    model, mask = sharp_model
+    out = ReferenceDecoder(model, mask, 8).generate([5, 17, 33, 8, 2, 41], StopRule(max_tokens=40),
+                                                    WeDLMParams(0.4, 0.02, lossless=True))
+    assert len(out.runs) == out.num_forwards and sum(out.runs) == len(out.token_ids) == 40
+    assert min(out.runs) >= 1
 
 
 def test_partial_fills_happen_and_fill_everything_is_fastest(sharp_model):

@@ -57,3 +57,20 @@ def test_standard_library_functions_become_chats_with_their_source():
         name = prompt.split("`")[1].split("(")[0].split(".")[-1]
         assert isinstance(tree.body[0], ast.FunctionDef) and tree.body[0].name == name, prompt
         assert 3 <= len(code.splitlines()) <= 40
+
+
+def test_distill_shards_split_the_prompts_and_training_reads_every_shard(tmp_path):
+    """``pipeline distill WORK --shard I/N`` on N GPUs: each share of the prompts goes to its own file,
+    and the train stage reads them all (not an unfinished .partial)."""
+    import argparse
+
+    from vllm_wedlm.training.pipeline import _shard, distill_files
+
+    assert _shard("1/4") == (0, 4) and _shard("4/4") == (3, 4)
+    for bad in ("0/4", "5/4", "x/2", "2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _shard(bad)
+    for name in ("distill.2-of-3.jsonl", "distill.1-of-3.jsonl", "distill.3-of-3.jsonl.partial",
+                 "source.jsonl"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in distill_files(tmp_path)] == ["distill.1-of-3.jsonl", "distill.2-of-3.jsonl"]

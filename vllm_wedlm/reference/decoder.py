@@ -57,6 +57,9 @@ class ReferenceOutput:
     token_ids: list[int]
     num_forwards: int  # decode forwards (the prompt is not prefilled separately)
     finish_reason: str  # "stop" or "length"
+    # Tokens each decode forward committed, in order (len == num_forwards, sum == len(token_ids)):
+    # how far into its window each step's leading run reached.
+    runs: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -101,7 +104,7 @@ class ReferenceDecoder:
             windows.tokens[0, 0], windows.filled[0, 0] = first[0].cpu(), True
         tau, lam = selection_tensors([params])
         limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
-        num_forwards = 0
+        num_forwards, runs = 0, []
         while True:
             plan = plan_windows(windows, size(num_forwards), torch.tensor([len(sequence)]), limit)
             n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
@@ -113,8 +116,10 @@ class ReferenceDecoder:
                 # so a stop inside it ends the request without this forward.
                 run = plan.windows.tokens[0, : int(plan.num_commit[0])].tolist()
                 kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
+                if num_forwards:  # the run the last forward's fills completed (none before the first)
+                    runs.append(kept)
                 if reason is not None:
-                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason)
+                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs)
             logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
             num_forwards += 1
             # The step's logits rows, as the engine takes them: verification rows, then mask rows.
@@ -132,8 +137,9 @@ class ReferenceDecoder:
             if params.lossless:  # its run is known once verified, and returned then
                 run = plan.windows.tokens[0, : int(num_commit[0])].tolist()
                 kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
+                runs.append(kept)
                 if reason is not None:
-                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason)
+                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs)
             sequence.extend(run)
             mask_logits = rows[checks:]  # [num_masks, V], own rows, no shift
             windows = finish_windows(plan.windows, num_commit, row_entropy(mask_logits).cpu(), tokens[checks:],

@@ -2,6 +2,7 @@
 
     python -m vllm_wedlm.training.pipeline convert  WORK     # GGUF -> WORK/converted       (~1 min)
     python -m vllm_wedlm.training.pipeline distill  WORK     # -> WORK/distill.jsonl         (H100: a few min)
+    python -m vllm_wedlm.training.pipeline distill  WORK --shard 1/4   # a quarter, one GPU of four each
     python -m vllm_wedlm.training.pipeline train    WORK     # -> WORK/trained               (H100: <= 9 min)
     torchrun --nproc-per-node 4 -m vllm_wedlm.training.pipeline train WORK   # the same, data parallel
     python -m vllm_wedlm.training.pipeline evaluate WORK     # -> WORK/evaluation.json       (H100: ~15 min)
@@ -77,6 +78,14 @@ PIPELINES = {
         source_chats=3000,
     ),
 }
+# The same model on one machine of four GPUs, data parallel (torchrun; recipes.py's ``smollm2-4gpu``):
+# every distinct prompt the standard library's docstrings give per open kind (about 6,400 questions
+# and 2,000 each of the others on Python 3.11), twice the counting and arithmetic prompts, every
+# train-split standard-library function, the distill stage split over the GPUs (``--shard``).
+PIPELINES["smollm2-4gpu"] = replace(
+    PIPELINES["smollm2"], name="smollm2-4gpu", train_recipe="smollm2-4gpu", source_chats=5000,
+    distill_counts={"counting": 3000, "arithmetic": 6000, "code": 700, "prose": 600, "question": 7000,
+                    "summary": 2500, "explain": 2500, "continue": 2500})
 
 
 def scaled(pipeline: Pipeline, scale: float) -> Pipeline:
@@ -101,17 +110,24 @@ def stage_convert(work: Path, pipeline: Pipeline, gguf: str | None) -> None:
     convert(path, work / "converted", credit=CREDIT, force=True)
 
 
-def stage_distill(work: Path, pipeline: Pipeline, engine: dict) -> None:
+def distill_files(work: Path) -> list[Path]:
+    """The distill stage's chat files in WORK: distill.jsonl, or one per shard (distill.I-of-N.jsonl)."""
+    return sorted(work.glob("distill*.jsonl"))
+
+
+def stage_distill(work: Path, pipeline: Pipeline, engine: dict, shard: tuple[int, int] = (0, 1)) -> None:
     from vllm_wedlm.training.data.distill import distill
 
+    index, count = shard
     total = sum(pipeline.distill_counts.values())
-    log(f"[distill] {total} prompts, greedy={pipeline.distill_temperature == 0}, max {pipeline.distill_max_tokens} "
-        "tokens each")
-    summary = distill(str(work / "converted"), work / "distill.jsonl", pipeline.distill_counts,
+    out = work / ("distill.jsonl" if count == 1 else f"distill.{index + 1}-of-{count}.jsonl")
+    log(f"[distill] {total} prompts{f' in all, shard {index + 1} of {count}' if count > 1 else ''}, "
+        f"greedy={pipeline.distill_temperature == 0}, max {pipeline.distill_max_tokens} tokens each -> {out.name}")
+    summary = distill(str(work / "converted"), out, pipeline.distill_counts,
                       temperature=pipeline.distill_temperature, max_tokens=pipeline.distill_max_tokens,
-                      engine_overrides=engine)
+                      engine_overrides=engine, shard=shard)
     log(f"[distill] {json.dumps(summary)}")
-    if pipeline.source_chats:
+    if pipeline.source_chats and index == 0:
         from vllm_wedlm.training.data.chat_data import write_chats
         from vllm_wedlm.training.data.source_code import source_chats
 
@@ -120,14 +136,15 @@ def stage_distill(work: Path, pipeline: Pipeline, engine: dict) -> None:
         log(f"[distill] {written} chats of standard-library source -> {work / 'source.jsonl'}")
 
 
-def stage_train(work: Path, pipeline: Pipeline, steps: int | None, batch_size: int | None, device: str | None) -> None:
+def stage_train(work: Path, pipeline: Pipeline, steps: int | None, batch_size: int | None, device: str | None,
+                time_limit: float | None = None) -> None:
     from vllm_wedlm.training.distributed import finish, start
     from vllm_wedlm.training.recipes import RECIPES
     from vllm_wedlm.training.train import train_from_pretrained
 
-    recipe = RECIPES[pipeline.train_recipe].with_overrides(steps=steps, batch_size=batch_size)
+    recipe = RECIPES[pipeline.train_recipe].with_overrides(steps=steps, batch_size=batch_size, time_limit_s=time_limit)
     ranks, chosen = start(device)  # under torchrun: data parallel, one process per GPU
-    data = [str(path) for path in (work / "distill.jsonl", work / "source.jsonl") if path.is_file()]
+    data = [str(path) for path in [*distill_files(work), work / "source.jsonl"] if path.is_file()]
     if ranks.main:
         log(f"[train] recipe {recipe.name}: {recipe.steps} steps, time limit {recipe.time_limit_s}s, "
             f"{ranks.world_size} process(es), data {', '.join(Path(d).name for d in data)}")
@@ -339,6 +356,14 @@ def _print_table(report: dict) -> None:
         print(f"{kind:<12}" + "".join(cells))
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """``2/4`` -> (1, 4): the 0-based share and the number of shares."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, got {text!r}")
+    return int(index) - 1, int(count)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Convert, self-distill, WeDLM-train and evaluate a pretrained LM.")
     parser.add_argument("stage", choices=(*STAGES, "all"))
@@ -348,7 +373,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every prompt count (smoke runs)")
     parser.add_argument("--steps", type=int, help="training steps instead of the recipe's")
     parser.add_argument("--batch-size", type=int, help="training batch size instead of the recipe's")
+    parser.add_argument("--time-limit", type=float, help="train: stop after this many seconds (default: the recipe's)")
     parser.add_argument("--device", help="training device (default: cuda if available)")
+    parser.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                        help="distill: answer the I-th of N equal shares of the prompts (1-based; one GPU each)")
     parser.add_argument("--gpu-memory-utilization", type=float, help="each vLLM engine's GPU memory share")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs (faster start-up)")
     parser.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=tuple(ENGINES),
@@ -369,9 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         if stage == "convert":
             stage_convert(args.work, pipeline, args.gguf)
         elif stage == "distill":
-            stage_distill(args.work, pipeline, engine)
+            stage_distill(args.work, pipeline, engine, args.shard)
         elif stage == "train":
-            stage_train(args.work, pipeline, args.steps, args.batch_size, args.device)
+            stage_train(args.work, pipeline, args.steps, args.batch_size, args.device, args.time_limit)
         else:
             stage_evaluate(args.work, pipeline, engine, tuple(args.engines))
         log(f"[{stage}] done in {time.perf_counter() - began:.0f}s")

@@ -51,8 +51,14 @@ def model_credit(model: str) -> str | None:
 
 def distill(model: str, out: str | Path, counts: dict[str, int], *, split: str = "train", seed: int = 0,
             temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 256,
-            engine_overrides: dict | None = None) -> dict:
-    """Answer ``counts`` prompts per kind with ``model`` (AR, in vLLM); write chat data to ``out``. A summary."""
+            engine_overrides: dict | None = None, shard: tuple[int, int] = (0, 1)) -> dict:
+    """Answer ``counts`` prompts per kind with ``model`` (AR, in vLLM); write chat data to ``out``. A summary.
+
+    ``shard`` (i, n): only every n-th prompt of the mixture from the i-th on, so that n processes (one
+    per GPU) answer the whole mixture between them, each into its own file."""
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index} of {count}: expected 0 <= i < n")
     from vllm import LLM
 
     from vllm_wedlm.engine_settings import engine_kwargs
@@ -60,7 +66,7 @@ def distill(model: str, out: str | Path, counts: dict[str, int], *, split: str =
     overrides = {"max_model_len": 1024, "seed": seed, **(engine_overrides or {})}
     llm = LLM(model, additional_config={"decoding": "ar"}, **engine_kwargs(**overrides))
     try:
-        return distill_with(llm, prompt_mixture(counts, split, seed), out, model=model, split=split,
+        return distill_with(llm, prompt_mixture(counts, split, seed)[index::count], out, model=model, split=split,
                             temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine_seed=seed)
     finally:
         llm.llm_engine.engine_core.shutdown()
