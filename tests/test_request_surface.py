@@ -177,17 +177,12 @@ def runs(request, tmp_path_factory):
         for mode in ("lossless", "ar", "plain"):
             runs[f"{mode}_min_p"] = token_ids(llm.generate(
                 PROMPTS, params(mode, temperature=1.0, min_p=1.0, seed=3), use_tqdm=False))
-        # Log-probs of lossless and AR requests, with plain requests (which cannot ask) in the batch.
+        # Log-probs of every mode's requests in one batch (plain ones: test_plain_logprobs.py).
         modes = ["lossless", "ar", "plain"]
         outputs = llm.generate([p for p in PROMPTS for _ in modes],
-                               [params(m, logprobs=None if m == "plain" else LOGPROBS) for _ in PROMPTS for m in modes],
-                               use_tqdm=False)
+                               [params(m, logprobs=LOGPROBS) for _ in PROMPTS for m in modes], use_tqdm=False)
         for i, mode in enumerate(modes):
-            runs[f"{mode}_logprobs"] = (token_logprobs(outputs[i::len(modes)]) if mode != "plain"
-                                        else token_ids(outputs[i::len(modes)]))
-        with pytest.raises(ValueError, match="logprobs of plain WeDLM tokens"):
-            llm.generate(PROMPTS[:1], params("plain", logprobs=LOGPROBS), use_tqdm=False)
-        runs["after_refusal"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
+            runs[f"{mode}_logprobs"] = token_logprobs(outputs[i::len(modes)])
     return runs
 
 
@@ -275,19 +270,22 @@ def test_logprobs_of_lossless_and_per_request_ar_tokens_equal_the_ar_engines(run
     assert all(len(entries) == len(ids) and all(len(e) >= LOGPROBS for e in entries) for ids, entries in expected)
     assert runs["lossless_logprobs"] == expected
     assert runs["ar_logprobs"] == expected
-    assert runs["plain_logprobs"] == runs["plain_greedy"]  # beside them, unchanged
-    assert runs["after_refusal"] == runs["plain_greedy"]  # a refused request loses nothing
+    plain = runs["plain_logprobs"]  # beside them, the plain tokens unchanged, each with its entries
+    assert [ids for ids, _ in plain] == runs["plain_greedy"]
+    assert all(len(entries) == len(ids) and all(len(e) >= LOGPROBS for e in entries) for ids, entries in plain)
 
 
 def test_a_lossless_servers_requests_return_logprobs_by_default(tmp_path):
     """On an engine whose requests are lossless by default (``--wedlm-lossless``), a request that says
-    nothing gets its log-probs, AR's; one that turns lossless off is refused (a plain request's)."""
+    nothing gets its log-probs, AR's; one that turns lossless off gets a plain request's tokens, each
+    with its entries."""
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen2", logit_scale=30.0))
     with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}) as ar:
         expected = token_logprobs(ar.generate(PROMPTS, params("plain", logprobs=LOGPROBS), use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": WINDOW, "lossless": True}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         assert token_logprobs(llm.generate(PROMPTS, params("plain", logprobs=LOGPROBS), use_tqdm=False)) == expected
-        with pytest.raises(ValueError, match="logprobs of plain WeDLM tokens"):
-            llm.generate(PROMPTS[:1], params("plain", logprobs=LOGPROBS, extra_args={"wedlm_lossless": False}),
-                         use_tqdm=False)
+        off = {"extra_args": {"wedlm_lossless": False}}
+        plain = token_logprobs(llm.generate(PROMPTS, params("plain", off, logprobs=LOGPROBS), use_tqdm=False))
+        assert [ids for ids, _ in plain] == token_ids(llm.generate(PROMPTS, params("plain", off), use_tqdm=False))
+        assert all(len(entries) == len(ids) == MAX_TOKENS for ids, entries in plain)

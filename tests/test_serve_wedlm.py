@@ -252,6 +252,24 @@ def test_streaming_emits_committed_runs(setup):
     assert sum(runs) == 24 and max(runs) == WINDOW  # a whole window arrives in one event
 
 
+def test_plain_tokens_come_with_the_log_probs_of_their_filling_rows(setup):
+    """``logprobs`` of a plain WeDLM completion, whole and streamed: each token's is the reference
+    decoder's (the mask row that filled its slot), its top entries beside it."""
+    url, reference, *_ = setup
+    choice = completion(url, max_tokens=20, ignore_eos=True, logprobs=2)
+    expected = reference.generate(choice["prompt_token_ids"], StopRule(max_tokens=20), WeDLMParams(0.4, 0.02))
+    assert choice["token_ids"] == expected.token_ids
+    logprobs = choice["logprobs"]
+    assert len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 20
+    assert max(abs(a - b) for a, b in zip(logprobs["token_logprobs"], expected.logprobs, strict=True)) < 1e-4
+    assert all(2 <= len(top) <= 3 for top in logprobs["top_logprobs"])
+    body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 20, "ignore_eos": True, "logprobs": 2, "stream": True}
+    events = sse_events(post(url, "/v1/completions", body, stream=True))
+    streamed = [value for e in events if e["choices"] for value in (e["choices"][0].get("logprobs") or {})
+                .get("token_logprobs", [])]
+    assert streamed == logprobs["token_logprobs"]
+
+
 def test_chat_stream(setup):
     url, *_ = setup
     body = {"messages": [{"role": "user", "content": "Count."}], "temperature": 0, "max_tokens": 16,
@@ -266,7 +284,6 @@ def test_chat_stream(setup):
     ({"vllm_xargs": {"wedlm_pos_penalty": -2}}, "pos_penalty must be a finite number"),
     ({"vllm_xargs": {"wedlm_lossless": "yes"}}, "wedlm_lossless must be true or false"),
     ({"vllm_xargs": {"wedlm_lossless": 2}}, "wedlm_lossless must be true or false"),
-    ({"logprobs": 2}, "logprobs of plain WeDLM tokens.*wedlm_lossless"),
     # Misspelt knobs: an error naming the accepted keys, not a silent default.
     ({"vllm_xargs": {"wedlm_window": 4}},
      "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_decoding', "

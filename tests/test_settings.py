@@ -133,18 +133,15 @@ def test_one_fill_per_step_is_a_word_where_json_null_cannot_go():
         validate({"wedlm_entropy_threshold": "nothing"})
 
 
-@pytest.mark.parametrize("server_lossless", [False, True], ids=["plain-server", "lossless-server"])
 @pytest.mark.parametrize("extra_args", [None, {"wedlm_decoding": "ar"}, {"wedlm_lossless": True}])
-def test_logprobs_of_the_whole_vocabulary_are_refused_in_every_mode(server_lossless, extra_args):
+def test_logprobs_of_the_whole_vocabulary_are_refused_in_every_mode(extra_args):
     """``logprobs: -1`` (every token's; vLLM takes it where ``--max-logprobs -1`` allows) gets a clear
-    error from either server's validator, whatever the request's mode; a number of them passes where
-    the mode returns log-probs (lossless and per-request AR)."""
+    error, whatever the request's mode; a number of them passes in every mode (plain, lossless,
+    per-request AR)."""
     from vllm import SamplingParams
 
-    from vllm_wedlm.adapter.request_validator import LosslessServerRequestValidator, WeDLMRequestValidator
+    from vllm_wedlm.adapter.request_validator import WeDLMRequestValidator
 
-    validator = LosslessServerRequestValidator if server_lossless else WeDLMRequestValidator
     with pytest.raises(ValueError, match="logprobs -1 \\(the whole vocabulary\\)"):
-        validator.validate_params(SamplingParams(max_tokens=4, logprobs=-1, extra_args=extra_args))
-    if extra_args or server_lossless:
-        validator.validate_params(SamplingParams(max_tokens=4, logprobs=2, extra_args=extra_args))
+        WeDLMRequestValidator.validate_params(SamplingParams(max_tokens=4, logprobs=-1, extra_args=extra_args))
+    WeDLMRequestValidator.validate_params(SamplingParams(max_tokens=4, logprobs=2, extra_args=extra_args))

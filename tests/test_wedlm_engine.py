@@ -87,7 +87,6 @@ def test_seeded_sampling_repeats_and_seeds_differ(llm):
 @pytest.mark.parametrize("kwargs,message", [
     ({"extra_args": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
-    ({"logprobs": 2}, "Not supported with --decoding wedlm: logprobs of plain WeDLM tokens"),
     ({"logprob_token_ids": [1, 2]}, "logprob_token_ids"),
 ])
 def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):

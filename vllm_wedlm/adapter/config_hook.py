@@ -69,11 +69,10 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     parallel.worker_cls = WORKER_CLS[platform]
 
     # Per-request validation in the front end (a 400 for unsupported requests, see the module).
-    from vllm_wedlm.adapter.request_validator import QUALNAMES, validator_qualname
+    from vllm_wedlm.adapter.request_validator import QUALNAME as qualname
 
-    qualname = validator_qualname(settings.params.lossless)
     model_config = vllm_config.model_config
-    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p not in QUALNAMES]
+    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p != qualname]
     if custom:  # the WeDLM sampler would skip them (installed plugins are refused by the runner)
         _refuse(f"custom logits processors ({', '.join(map(str, custom))}) are not applied by the WeDLM sampler; "
                 "serve them with --decoding ar")

@@ -185,9 +185,10 @@ class ExactRows(RowLayout):
 
         device_out = []
         tokens = None  # [N]; in a plain step of greedy rows the window step draws them itself
+        wants_logprobs = any(state.logprobs for state in states)  # then every row's draw is needed here
         if num_rows:
             sampling = self.sampling_batch(step.num_logits, step.num_ar_rows)
-            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None):
+            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None and not wants_logprobs):
                 tokens = sample(logits, sampling, self.mask_id)
         if len(plan_slots):
             # Tokens before each next window: a window's start moves by its committed run, which the
@@ -272,22 +273,43 @@ class ExactRows(RowLayout):
         self.unforwarded = {step.req_ids[row]: int(run_len[row])
                                    for row in np.flatnonzero(step.window & (run_len > 0))}
         logprobs = None
-        if tokens is not None and any(state.logprobs for state in states):
-            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled.shape[1], commit)
+        if wants_logprobs:
+            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, commit, early, run_len)
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
-    def returned_logprobs(self, raw_logits: torch.Tensor, tokens: torch.Tensor, row_kind: np.ndarray,
-                          states: list, width: int, commit: np.ndarray) -> LogprobsTensors:
+    def returned_logprobs(self, raw_logits: torch.Tensor | None, tokens: torch.Tensor | None,
+                          row_kind: np.ndarray | None, states: list, sampled: np.ndarray, commit: np.ndarray,
+                          early: np.ndarray, run_len: np.ndarray) -> LogprobsTensors:
         """The log-probs of every returned cell ([B * width] entries, host), for the requests that ask
         (``token_logprobs.py``): a lossless window's committed run (``commit`` [Bw]) reads its kept
-        slot-0 entry, then its verification rows; an AR-decoded request's token its last row. The
-        token each lossless window and each new lossless request put in slot 0 now is kept."""
-        step = self.step
-        num_rows = len(row_kind)
+        slot-0 entry, then its verification rows; an AR-decoded request's token its last row; a plain
+        window's run (``early`` [B] bool, ``run_len`` [B] tokens, returned from its next plan) its ring
+        of fills, written first from this step's mask rows. The token each lossless window and each
+        new lossless request put in slot 0 now is kept."""
+        step, table = self.step, self.table
+        width = sampled.shape[1]
+        num_rows = 0 if tokens is None else len(tokens)
+        if row_kind is None:  # a plain step: every row is a mask row
+            row_kind = np.full(num_rows, MASK_ROW, np.int8)
         first_row = first_logits_rows(step)  # [B]
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
-        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits, tokens), self.table.num_slots)
+        plain = early & wants  # [B]: plain windows that return a run now (or later) and ask
+        capacity = table.capacity if plain.any() else 0
+        if num_rows:
+            rows = self.token_logprobs.entries(raw_logits, tokens)
+        else:  # no row this step (a step of re-prefills): a resumed plain run reads its ring alone
+            rows = self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size())
+        if capacity and num_rows:
+            # This step's mask rows of plain windows that ask, at their absolute positions.
+            request = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
+            mask_rows = np.flatnonzero((row_kind == MASK_ROW) & plain[request])
+            positions = self.step_positions[self.logits_indices][mask_rows]
+            ring = step.slots[request[mask_rows]] * capacity + positions % capacity
+            self.token_logprobs.write_fills(rows, torch.from_numpy(mask_rows).to(self.device, non_blocking=True),
+                                            torch.from_numpy(ring).to(self.device, non_blocking=True), table.num_slots,
+                                            capacity)
+        bank = self.token_logprobs.bank(rows, table.num_slots, capacity)
         source = np.zeros((len(states), width), np.int64)  # [B, width]: each cell's bank entry
         kept_slots, kept_rows = [], []
         lossless = step.window & step.lossless & wants  # [B]
@@ -298,12 +320,18 @@ class ExactRows(RowLayout):
             source[i, 1: run[i]] = first_row[i] + np.arange(run[i] - 1)
             kept_slots.append(step.slots[i])
             kept_rows.append(first_row[i] + run[i] - 1)  # the row that drew the token after the run
-        ar_rows = np.flatnonzero(row_kind == AR_NEXT_ROW)  # one per AR-decoded request, in batch order
-        source[step.ar_next, 0] = ar_rows
-        first = np.flatnonzero(row_kind == FIRST_TOKEN_ROW)  # one per new lossless request, in batch order
-        chosen = wants[step.first_token]
-        kept_slots.extend(step.slots[step.first_token][chosen])
-        kept_rows.extend(first[chosen])
+        rings = num_rows + table.num_slots
+        for i in np.flatnonzero(plain & (run_len > 0)):
+            # The run's tokens sit at the next window's first positions.
+            positions = table.host.committed_len[step.slots[i]] + np.arange(run_len[i])
+            source[i, : run_len[i]] = rings + step.slots[i] * capacity + positions % capacity
+        if num_rows:
+            ar_rows = np.flatnonzero(row_kind == AR_NEXT_ROW)  # one per AR-decoded request, in batch order
+            source[step.ar_next, 0] = ar_rows
+            first = np.flatnonzero(row_kind == FIRST_TOKEN_ROW)  # one per new lossless request, in batch order
+            chosen = wants[step.first_token]
+            kept_slots.extend(step.slots[step.first_token][chosen])
+            kept_rows.extend(first[chosen])
         cells = self.token_logprobs.cells(bank, torch.from_numpy(source).to(self.device, non_blocking=True))
         if kept_slots:
             self.token_logprobs.keep(bank, torch.tensor(kept_slots, device=self.device),

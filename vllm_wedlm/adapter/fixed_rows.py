@@ -226,6 +226,7 @@ class FixedRows(RowLayout):
         runner, step, table, mask_id = self.runner, self.step, self.table, self.mask_id
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]: log-probs asked
         window_rows = np.flatnonzero(step.window)  # [Bw]
         rows_per_window = self.rows_per_window  # prepare's R
         width = max(2, rows_per_window)
@@ -244,11 +245,14 @@ class FixedRows(RowLayout):
             window_logits = logits[:num_window_logits]
             sampling = self.sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(num_reqs, np.int64))
             tokens = None  # greedy: drawn inside the step
-            if sampling.temperature is not None:
+            plain_logprobs = wants & ~step.lossless  # [B]: plain windows whose fills' log-probs are kept
+            if sampling.temperature is not None or plain_logprobs[window_rows].any():
                 if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
                     ban = ~check_rows(w_lossless, run, rows_per_window).flatten()  # [Bw * R]
                     sampling = dataclasses.replace(sampling, ban_mask_token=ban)
                 tokens = sample(window_logits, sampling, mask_id)
+            if plain_logprobs[window_rows].any():
+                self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window)
             runner.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.window_step(
                 table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
@@ -281,20 +285,44 @@ class FixedRows(RowLayout):
             sampled = every
             self.start_after_prefill(step, new, resumed, sampled, first_tokens)
         logprobs = None
-        if raw_logits is not None and any(state.logprobs for state in states):
-            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window)
+        if wants.any():
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window, new | resumed)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
 
-    def returned_logprobs(self, raw_logits: torch.Tensor, sampled: torch.Tensor, drawn: torch.Tensor | None,
-                          states: list, rows_per_window: int) -> LogprobsTensors:
+    def write_fills(self, raw_logits: torch.Tensor, tokens: torch.Tensor, plain_logprobs: np.ndarray,
+                    rows_per_window: int) -> None:
+        """Before the window step: the log-prob entry of every mask row of the forwarded plain windows
+        that ask (``plain_logprobs`` [Bw] bool), from its raw logits ([Bw * R, V]) and draw
+        ([Bw * R]), to its request's ring at the position of the slot it may fill
+        (``token_logprobs.py``); the window step maps rows to slots the same way. Rows that are no
+        mask of a window that fills (a void window's, a filled slot's, one past the window's end)
+        write to the sink, with no host sync."""
+        table, capacity = self.table, self.table.capacity
+        w_slots, run, start, rows, _, _ = self.forwarded
+        planned, order = table.windows.rows(w_slots), table.order[w_slots]  # [Bw, C], before the step
+        physical = run[:, None] + torch.arange(rows_per_window, device=self.device)[None]  # [Bw, R]
+        slot = order.gather(1, physical.clamp(max=capacity - 1))  # [Bw, R] the window slot of each row
+        asks = torch.from_numpy(plain_logprobs).to(self.device, non_blocking=True)
+        writes = (asks[:, None] & (physical < planned.length[:, None]) & (planned.length <= rows)[:, None]
+                  & ~planned.filled.gather(1, slot))  # [Bw, R]
+        ring = w_slots[:, None] * capacity + (start[:, None] + slot) % capacity
+        sink = table.num_slots * capacity
+        entries = self.token_logprobs.entries(raw_logits, tokens)
+        self.token_logprobs.write_fills(entries, torch.arange(len(tokens), device=self.device),
+                                        torch.where(writes, ring, sink).flatten(), table.num_slots, capacity)
+
+    def returned_logprobs(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: torch.Tensor | None,
+                          states: list, rows_per_window: int, planned: np.ndarray) -> LogprobsTensors:
         """The log-probs of every returned cell (``sampled`` [B, width], device), for the requests that
         ask (``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
         its verification row c - 1 drew, cell 0 its kept slot-0 entry; an AR-decoded request's cell 0
-        its draw (``drawn``, the draws' rows in batch order). The new slot-0 token of each lossless
+        its draw (``drawn``, the draws' rows in batch order); a plain window's run (one forwarded now,
+        or planned after a prompt: ``planned`` [B]), at the start of its next window, its ring of fills
+        (``write_fills``). The new slot-0 token of each lossless
         window (its table row's, drawn by the row after its run) and of each new lossless request is kept."""
         step, device, table = self.step, self.device, self.table
         width = sampled.shape[1]
@@ -317,9 +345,18 @@ class FixedRows(RowLayout):
         rows = torch.cat([check.flatten(), after, draw_index])
         tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[slots, 0],
                             drawn[torch.from_numpy(draws).to(device)] if len(draws) else after[:0]])
-        bank = self.token_logprobs.bank(self.token_logprobs.entries(raw_logits[rows], tokens), table.num_slots)
+        plain = np.flatnonzero(wants & ~step.lossless & (step.window | planned))  # [Bp] batch rows
+        capacity = table.capacity if len(plain) else 0
+        entries = (self.token_logprobs.entries(raw_logits[rows], tokens) if raw_logits is not None
+                   else self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size()))
+        bank = self.token_logprobs.bank(entries, table.num_slots, capacity)
         n = rows.shape[0]
         source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
+        if len(plain):  # each run's tokens sit at its next window's first positions
+            plain_slots = torch.from_numpy(step.slots[plain]).to(device, non_blocking=True)
+            positions = table.committed_len[plain_slots][:, None] + torch.arange(width, device=device)[None]
+            source[torch.from_numpy(plain).to(device, non_blocking=True)] = (
+                n + table.num_slots + plain_slots[:, None] * capacity + positions % capacity)
         lossless_cells = torch.cat([n + slots[:, None], torch.arange(check.numel(), device=device).view_as(check)], 1)
         source[index] = lossless_cells
         ar = np.flatnonzero(step.ar_next[draw_rows[draws]])  # positions among ``draws`` of the AR ones

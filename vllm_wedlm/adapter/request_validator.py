@@ -8,14 +8,13 @@ registers this class in WeDLM mode. It changes no logits: the WeDLM runner sampl
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-from vllm_wedlm.config import WeDLMSettings, decodes_ar
+from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core import DEFAULT_PARAMS
 
 if TYPE_CHECKING:
@@ -23,19 +22,12 @@ if TYPE_CHECKING:
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
-LOSSLESS_QUALNAME = "vllm_wedlm.adapter.request_validator:LosslessServerRequestValidator"
-QUALNAMES = (QUALNAME, LOSSLESS_QUALNAME)
-
-
-def validator_qualname(server_lossless: bool) -> str:
-    """The validator of a server whose requests are lossless by default (``--wedlm-lossless``) or not:
-    a request's mode, which decides whether its log-probs are served, is its own knobs over that."""
-    return LOSSLESS_QUALNAME if server_lossless else QUALNAME
 
 
 def unsupported_features(params: SamplingParams) -> list[str]:
     """Names of the requested features the WeDLM sampler does not implement (yet): the log-probs of
-    chosen tokens, or of all tokens, need bookkeeping of their own."""
+    chosen token ids (entries of another shape than the top K the log-prob bank keeps), and vLLM's
+    thinking budget (its per-row state machine counts one token per step)."""
     found = []
     if params.logprob_token_ids:
         found.append("logprob_token_ids")
@@ -59,8 +51,6 @@ def refuse_custom_logits_processors(processors) -> None:
 
 
 class WeDLMRequestValidator(LogitsProcessor):
-    server_lossless = False  # the server's default mode for requests that do not choose one
-
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         unsupported = unsupported_features(sampling_params)
@@ -69,20 +59,13 @@ class WeDLMRequestValidator(LogitsProcessor):
                              "with --decoding ar serves them (penalties, bad_words, logit_bias, allowed_token_ids, "
                              "min_p, min_tokens and prompt_logprobs work here).")
         try:
-            # The runner reads the knobs the same way, over the server's defaults.
-            params = WeDLMSettings(params=replace(DEFAULT_PARAMS, lossless=cls.server_lossless)).request_params(
-                sampling_params.extra_args)
+            # The runner reads the knobs the same way (over the server's defaults, which are valid).
+            WeDLMSettings(params=DEFAULT_PARAMS).request_params(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
-        if sampling_params.logprobs is not None:
-            if sampling_params.logprobs < 0:
-                raise ValueError("Not supported with --decoding wedlm: logprobs -1 (the whole vocabulary); ask for "
-                                 "a number, or use a server started with --decoding ar")
-            if not params.lossless and not decodes_ar(sampling_params):
-                raise ValueError("Not supported with --decoding wedlm: logprobs of plain WeDLM tokens. Lossless "
-                                 'requests (vllm_xargs {"wedlm_lossless": true}, or a server started with '
-                                 '--wedlm-lossless) and AR ones ({"wedlm_decoding": "ar"}) return them, the same as '
-                                 "AR; so does a server started with --decoding ar")
+        if sampling_params.logprobs is not None and sampling_params.logprobs < 0:
+            raise ValueError("Not supported with --decoding wedlm: logprobs -1 (the whole vocabulary); ask for "
+                             "a number, or use a server started with --decoding ar")
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         pass
@@ -95,7 +78,3 @@ class WeDLMRequestValidator(LogitsProcessor):
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         pass
-
-
-class LosslessServerRequestValidator(WeDLMRequestValidator):
-    server_lossless = True

@@ -6,12 +6,16 @@ rank and the top K. A lossless request's tokens are all drawn from AR rows, so i
 AR's: its window's slot 0 from the row after its last committed token (drawn one step before it is
 returned, so kept per table slot until then), each accepted fill from the verification row before
 it. An AR-decoded request's token comes from its last row in the step that returns it. A plain
-window's fills come from mask rows, possibly steps before they are returned; their log-probs are
-not kept, and such requests are refused (``request_validator.py``).
+window's token comes from the mask row that filled its slot, possibly steps before the token is
+returned (a fill is never revised): every mask row's entry is written, when forwarded, to its
+request's ring of fills at its absolute position (position mod C, the table's window capacity: a
+window's slots are C consecutive positions at most, so they never share a ring entry); a mask
+that stays open is written again by its next forward, a filled one is not forwarded as a mask
+again, so the ring holds the filling row's entry when the run returns it.
 
 Every returned cell ([B, width], -1 where no token) reads one entry of a bank: this step's rows
-first (N of them), then the kept slot-0 entries (one per table slot); vLLM drops the entries of
-empty cells as it drops the cells.
+first (N of them), then the kept slot-0 entries (one per table slot), then the rings (C per table
+slot); vLLM drops the entries of empty cells as it drops the cells.
 """
 
 from __future__ import annotations
@@ -30,29 +34,42 @@ class TokenLogprobs:
         self.k = max_logprobs if max_logprobs >= 0 else sys.maxsize
         self.device = device
         self.kept: LogprobsTensors | None = None  # [S, K + 1] per table slot: its window's slot-0 token
+        self.fills: LogprobsTensors | None = None  # [S * C, K + 1]: each table slot's ring of fills
 
     def entries(self, raw_logits: torch.Tensor, tokens: torch.Tensor) -> LogprobsTensors:
         """[n, K + 1] entries of rows ([n, V] raw logits), each for its token ([n]; a negative one,
         an empty cell's, reads token 0)."""
+        if not raw_logits.shape[0]:  # vLLM's compiled rank count takes no empty batch
+            return self.no_entries(raw_logits.shape[-1])
         logprobs = Sampler.compute_logprobs(raw_logits)
         return Sampler.gather_logprobs(logprobs, min(self.k, logprobs.shape[-1]), tokens.long().clamp(min=0))
 
-    def bank(self, rows: LogprobsTensors, slots: int) -> LogprobsTensors:
-        """The step's rows, then the kept entries of ``slots`` table slots."""
-        if self.kept is None or self.kept.logprobs.shape[0] < slots:
-            grown = LogprobsTensors(torch.zeros(slots, rows.logprobs.shape[1], dtype=torch.long, device=self.device),
-                                    torch.zeros(slots, rows.logprobs.shape[1], dtype=torch.float32,
-                                                device=self.device),
-                                    torch.zeros(slots, dtype=torch.long, device=self.device))
-            if self.kept is not None:
-                count = self.kept.logprobs.shape[0]
-                grown.logprob_token_ids[:count] = self.kept.logprob_token_ids
-                grown.logprobs[:count] = self.kept.logprobs
-                grown.selected_token_ranks[:count] = self.kept.selected_token_ranks
-            self.kept = grown
-        return LogprobsTensors(torch.cat([rows.logprob_token_ids, self.kept.logprob_token_ids]),
-                               torch.cat([rows.logprobs, self.kept.logprobs]),
-                               torch.cat([rows.selected_token_ranks.long(), self.kept.selected_token_ranks]))
+    def no_entries(self, vocab_size: int) -> LogprobsTensors:
+        """No rows, in the width ``entries`` gives rows of ``vocab_size`` logits."""
+        return _at_least(None, 0, min(self.k, vocab_size) + 1, self.device)
+
+    def bank(self, rows: LogprobsTensors, slots: int, capacity: int = 0) -> LogprobsTensors:
+        """The step's rows, then the kept entries of ``slots`` table slots, then their rings of fills
+        (``capacity`` each; 0 while no plain window asks)."""
+        width = rows.logprobs.shape[1]
+        self.kept = _at_least(self.kept, slots, width, self.device)
+        parts = [rows, self.kept]
+        if capacity:
+            self.fills = _at_least(self.fills, slots * capacity, width, self.device)
+            parts.append(self.fills)
+        return LogprobsTensors(torch.cat([p.logprob_token_ids for p in parts]), torch.cat([p.logprobs for p in parts]),
+                               torch.cat([p.selected_token_ranks.long() for p in parts]))
+
+    def write_fills(self, rows: LogprobsTensors, source: torch.Tensor, ring: torch.Tensor, slots: int,
+                    capacity: int) -> None:
+        """Write the entries ``source`` ([m]) of ``rows`` (this step's mask rows' entries) to the ring
+        entries ``ring`` ([m]: table slot * capacity + absolute position mod capacity; ``slots *
+        capacity``, one past the rings, takes writes that go nowhere, so a device-side choice needs no
+        host sync), before ``bank`` copies the rings for the cells to read."""
+        self.fills = _at_least(self.fills, slots * capacity + 1, rows.logprobs.shape[1], self.device)
+        self.fills.logprob_token_ids[ring] = rows.logprob_token_ids[source].long()
+        self.fills.logprobs[ring] = rows.logprobs[source]
+        self.fills.selected_token_ranks[ring] = rows.selected_token_ranks[source].long()
 
     @staticmethod
     def cells(bank: LogprobsTensors, source: torch.Tensor) -> LogprobsTensors:
@@ -66,3 +83,17 @@ class TokenLogprobs:
         self.kept.logprobs[slots] = bank.logprobs[source]
         self.kept.selected_token_ranks[slots] = bank.selected_token_ranks[source]
 
+
+def _at_least(entries: LogprobsTensors | None, count: int, width: int, device: torch.device) -> LogprobsTensors:
+    """``entries`` grown to ``count`` rows of ``width`` entries (zeros after the old ones), or as they are."""
+    if entries is not None and entries.logprobs.shape[0] >= count:
+        return entries
+    grown = LogprobsTensors(torch.zeros(count, width, dtype=torch.long, device=device),
+                            torch.zeros(count, width, dtype=torch.float32, device=device),
+                            torch.zeros(count, dtype=torch.long, device=device))
+    if entries is not None:
+        old = entries.logprobs.shape[0]
+        grown.logprob_token_ids[:old] = entries.logprob_token_ids
+        grown.logprobs[:old] = entries.logprobs
+        grown.selected_token_ranks[:old] = entries.selected_token_ranks
+    return grown

@@ -60,6 +60,9 @@ class ReferenceOutput:
     # Tokens each decode forward committed, in order (len == num_forwards, sum == len(token_ids)):
     # how far into its window each step's leading run reached.
     runs: list[int] = field(default_factory=list)
+    # Plain WeDLM: the log-prob of each output token in the mask row that filled its slot (its raw
+    # logits' log-softmax, as vLLM reports a token's log-prob), in output order; empty when lossless.
+    logprobs: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -105,6 +108,8 @@ class ReferenceDecoder:
         tau, lam = selection_tensors([params])
         limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
         num_forwards, runs = 0, []
+        filled_logprob: dict[int, float] = {}  # plain: absolute position -> its filling row's log-prob
+        logprobs: list[float] = []
         while True:
             plan = plan_windows(windows, size(num_forwards), torch.tensor([len(sequence)]), limit)
             n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
@@ -118,14 +123,19 @@ class ReferenceDecoder:
                 kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
                 if num_forwards:  # the run the last forward's fills completed (none before the first)
                     runs.append(kept)
+                logprobs += [filled_logprob[len(sequence) + i] for i in range(kept)]
                 if reason is not None:
-                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs)
+                    return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs, logprobs)
             logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
             num_forwards += 1
             # The step's logits rows, as the engine takes them: verification rows, then mask rows.
             rows = torch.cat([logits[:checks], logits[n - num_masks:]])  # [checks + num_masks, V]
             batch = self._sampling([sampling], [checks + num_masks], ar_rows=checks)
             tokens = sample(rows, batch, self.mask_token_id).cpu()
+            if not params.lossless:  # each mask row's draw, at its slot's position (kept once filled)
+                mask_logprobs = torch.log_softmax(rows[checks:].float(), -1).cpu()  # [num_masks, V]
+                for k, slot in enumerate(plan.order[0, n - num_masks: n].tolist()):
+                    filled_logprob[len(sequence) + slot] = float(mask_logprobs[k, tokens[checks + k]])
             verified, num_commit = plan.windows, plan.num_commit
             if checks:
                 drafts = verification_drafts(plan.windows.tokens, num_rows)
