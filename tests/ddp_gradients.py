@@ -41,13 +41,21 @@ def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-def main(out: str, mlm_weighting: str) -> None:
-    ranks, device = start("cpu")
+def one_step(mlm_weighting: str, ranks, device: torch.device) -> dict:
+    """The gradients and summed losses of one data-parallel step (this process's copy)."""
     model, batch = model_and_batch()
     forward = data_parallel(model, 1.0, mlm_weighting, ranks)
     losses = sum_over_ranks(backward_step(forward, batch, mlm_weighting, ranks, device, nullcontext()), ranks)
+    return {"gradients": gradients(model), "losses": losses, "world_size": ranks.world_size}
+
+
+def main(out: str, mlm_weighting: str) -> None:
+    ranks, device = start("cpu")
+    # The DDP wrapper is gone (one_step returned) before the process group is: destroyed after it,
+    # its reducer hung now and then at exit (gloo), as training's order (train() returns first) avoids.
+    result = one_step(mlm_weighting, ranks, device)
     if ranks.main:
-        torch.save({"gradients": gradients(model), "losses": losses, "world_size": ranks.world_size}, out)
+        torch.save(result, out)
     finish(ranks)
 
 
