@@ -286,7 +286,7 @@ class FixedRows(RowLayout):
             self.start_after_prefill(step, new, resumed, sampled, first_tokens)
         logprobs = None
         if wants.any():
-            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, states, rows_per_window, new | resumed)
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
@@ -316,9 +316,9 @@ class FixedRows(RowLayout):
                                         torch.where(writes, ring, sink).flatten(), table.num_slots, capacity)
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: torch.Tensor | None,
-                          states: list, rows_per_window: int, planned: np.ndarray) -> LogprobsTensors:
+                          wants: np.ndarray, rows_per_window: int, planned: np.ndarray) -> LogprobsTensors:
         """The log-probs of every returned cell (``sampled`` [B, width], device), for the requests that
-        ask (``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
+        ask (``wants`` [B] bool; ``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
         its verification row c - 1 drew, cell 0 its kept slot-0 entry; an AR-decoded request's cell 0
         its draw (``drawn``, the draws' rows in batch order); a plain window's run (one forwarded now,
         or planned after a prompt: ``planned`` [B]), at the start of its next window, its ring of fills
@@ -326,7 +326,6 @@ class FixedRows(RowLayout):
         window (its table row's, drawn by the row after its run) and of each new lossless request is kept."""
         step, device, table = self.step, self.device, self.table
         width = sampled.shape[1]
-        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
         window_rows = np.flatnonzero(step.window)  # [Bw]
         lossless = np.flatnonzero(step.window & step.lossless & wants)  # [Bl] batch rows
         windows = np.searchsorted(window_rows, lossless)  # [Bl] their window index
@@ -351,7 +350,7 @@ class FixedRows(RowLayout):
                    else self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size()))
         bank = self.token_logprobs.bank(entries, table.num_slots, capacity)
         n = rows.shape[0]
-        source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
+        source = torch.zeros(len(wants), width, dtype=torch.long, device=device)  # [B, width]: bank entries
         if len(plain):  # each run's tokens sit at its next window's first positions
             plain_slots = torch.from_numpy(step.slots[plain]).to(device, non_blocking=True)
             positions = table.committed_len[plain_slots][:, None] + torch.arange(width, device=device)[None]

@@ -123,7 +123,7 @@ class ReferenceDecoder:
                 kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
                 if num_forwards:  # the run the last forward's fills completed (none before the first)
                     runs.append(kept)
-                logprobs += [filled_logprob[len(sequence) + i] for i in range(kept)]
+                logprobs += [filled_logprob.pop(len(sequence) + i) for i in range(kept)]
                 if reason is not None:
                     return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs, logprobs)
             logits = self._forward(sequence, plan.input_ids[0, :n], len(sequence) + plan.order[0, :n])
