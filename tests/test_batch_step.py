@@ -16,7 +16,15 @@ import pytest
 import torch
 
 from vllm_wedlm.core import WeDLMParams, Window, finish_step, plan_step
-from vllm_wedlm.core.batch import WindowBatch, fill_masks, finish_windows, plan_windows, slots_of_rows
+from vllm_wedlm.core.batch import (
+    WindowBatch,
+    fill_masks,
+    finish_windows,
+    leading_filled,
+    plan_windows,
+    reopen,
+    slots_of_rows,
+)
 from vllm_wedlm.core.params import selection_tensors
 from vllm_wedlm.core.sampling import SamplingBatch, SamplingSpec, sample, sample_request
 from vllm_wedlm.core.selection import row_entropy
@@ -167,6 +175,36 @@ def test_every_window_fills_at_least_one_mask_and_ties_pick_the_first():
     nxt = finish_windows(batch.windows, batch.num_commit, entropy, tokens, tau, lam, M)
     assert nxt.filled[:, :4].tolist() == [[True, False, False, False]] * 2
     assert nxt.tokens[:, 0].tolist() == [0, 4]
+
+
+def test_a_grammars_window_always_fills_its_first_mask():
+    # Two windows of 4 masks, the last mask the surest: without fill_first only it is filled; with
+    # it (the second window) the first mask too, from its own row's draw.
+    batch = plan_windows(WindowBatch.empty(2, 8, M), 4, torch.tensor([0, 0]), None)
+    rows = torch.zeros(8, V)
+    rows[[3, 7], 5] = 20.0  # [N, V]: each window's last mask row is nearly one-hot
+    tokens = torch.tensor([1, 2, 3, 5, 1, 2, 3, 5])
+    tau, lam = selection_tensors([WeDLMParams(0.1, 0.0)] * 2)
+    nxt = finish_windows(batch.windows, batch.num_commit, row_entropy(rows), tokens, tau, lam, M,
+                         fill_first=torch.tensor([False, True]))
+    assert nxt.filled[:, :4].tolist() == [[False, False, False, True], [True, False, False, True]]
+    assert nxt.tokens[1, 0] == 1 and leading_filled(nxt.filled).tolist() == [0, 1]
+
+
+def test_a_rejected_fill_becomes_a_mask_and_ends_the_run():
+    # Leading run of 3, a hole, then a fill: reopening slot 1 leaves a run of 1 and keeps the fills
+    # after it; the next plan keeps W slots after that run and every fill.
+    tokens = torch.tensor([[1, 2, 3, M, 4, M, M, M]])
+    filled = torch.tensor([[True, True, True, False, True, False, False, False]])
+    windows = WindowBatch(tokens, filled, torch.tensor([6]))
+    cut = reopen(windows, torch.tensor([1]), M)
+    assert cut.tokens.tolist() == [[1, M, 3, M, 4, M, M, M]]
+    assert cut.filled.tolist() == [[True, False, True, False, True, False, False, False]]
+    assert leading_filled(cut.filled).tolist() == [1]
+    plan = plan_windows(cut, 3, torch.tensor([10]), None)
+    assert plan.num_commit.tolist() == [1] and plan.windows.length.tolist() == [5]  # run 1 + W 3, fill at slot 4 kept
+    # A slot past the capacity reopens nothing.
+    assert torch.equal(reopen(windows, torch.tensor([8]), M).filled, windows.filled)
 
 
 def test_sampling_rows_follow_their_own_request():

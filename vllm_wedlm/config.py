@@ -229,13 +229,27 @@ def request_flag(extra_args: dict, key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
-def decodes_ar(sampling_params) -> bool:
+def decodes_ar(sampling_params, settings: WeDLMSettings | None = None, grammar_windows: bool = False) -> bool:
     """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
-    (``wedlm_decoding: "ar"``), or for structured outputs (a grammar, a JSON schema, a tool call),
-    whose grammar mask vLLM's scheduler computes for one row per request."""
+    (``wedlm_decoding: "ar"``), or for structured outputs (a grammar, a JSON schema, a tool call)
+    where windows do not take them: a lossless request (AR's output under the grammar, exactly),
+    and any request where ``grammar_windows`` is False (``grammar_in_windows``). A plain WeDLM
+    request with structured outputs on an engine whose windows take them decodes in windows
+    (``adapter/grammar_rows.py``); ``settings`` gives its lossless default."""
     extra_args = sampling_params.extra_args if sampling_params is not None else None
-    structured = sampling_params is not None and sampling_params.structured_outputs is not None
-    return structured or request_decoding(extra_args) == "ar"
+    if request_decoding(extra_args) == "ar":
+        return True
+    if sampling_params is None or sampling_params.structured_outputs is None:
+        return False
+    return not grammar_windows or settings is None or settings.request_params(extra_args).lossless
+
+
+def grammar_in_windows(settings: WeDLMSettings, vllm_config) -> bool:
+    """Whether plain WeDLM windows decode structured outputs on this engine: exact window rows (the
+    host knows each window after its step, to check its run against the grammar), and no reasoning
+    parser (whose grammar waits for the reasoning to end, which only vLLM's scheduler follows)."""
+    return (settings.wedlm and not settings.fixed_window_rows
+            and not vllm_config.structured_outputs_config.reasoning_parser)
 
 
 def request_decoding(extra_args: dict | None) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
-from vllm_wedlm.adapter.grammar_rows import apply_grammar
+from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import plan_rows
@@ -32,6 +32,7 @@ from vllm_wedlm.core.batch import (
     finish_windows,
     leading_filled,
     plan_windows,
+    reopen,
     verification_drafts,
     verify_windows,
 )
@@ -151,6 +152,9 @@ class ExactRows(RowLayout):
             first_row = first_logits_rows(step)
             apply_grammar(logits, self.grammar_output,
                           {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
+        grammar = np.fromiter((s.grammar for s in states), bool, num_reqs) & step.window  # [B]: grammar_rows.py
+        if logits is not None and grammar.any():
+            self.mask_first_slots(logits, np.flatnonzero(grammar & (step.num_logits > step.num_checks)))
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
@@ -180,7 +184,7 @@ class ExactRows(RowLayout):
         num_rows = int(step.num_logits.sum())
         verified_commit = w_checks.any()
         # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
-        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit)
+        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit and not grammar.any())
         row_kind = None if plain else self.row_kinds(step)
 
         device_out = []
@@ -215,9 +219,11 @@ class ExactRows(RowLayout):
                     device_out.append(commit)
                 mask_rows = row_kind == MASK_ROW
                 mask_logits = self.rows(logits, mask_rows)
+                fill_first = (torch.from_numpy(grammar[step.window]).to(self.device, non_blocking=True)
+                              if grammar.any() else None)  # [Bw]: the first mask of a grammar's window
                 parts.append(finish_windows(planned, commit, row_entropy(mask_logits), self.rows(tokens, mask_rows),
                                             table.entropy_threshold[ws], table.pos_penalty[ws], self.mask_id,
-                                            verified))
+                                            verified, fill_first))
             if new.any():
                 fresh = WindowBatch.empty(int(new.sum()), table.capacity, self.mask_id, self.device)
                 lossless_new = step.lossless[new]
@@ -248,6 +254,8 @@ class ExactRows(RowLayout):
             table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1),
                           np.concatenate([start_len + commit, step.committed_len[new], step.committed_len[moved]]))
         ar_tokens = received[packet_size:]
+        if grammar.any():
+            self.cut_rejected_fills(np.flatnonzero(grammar), plan_slots, sizes)
 
         # The step's sampled tokens: a plain window's next leading run (decided now, forwarded
         # next step), a lossless window's verified run (forwarded now), an AR request's draw.
@@ -337,6 +345,40 @@ class ExactRows(RowLayout):
             self.token_logprobs.keep(bank, torch.tensor(kept_slots, device=self.device),
                                      torch.tensor(kept_rows, device=self.device))
         return cells
+
+    def mask_first_slots(self, logits: torch.Tensor, rows: np.ndarray) -> None:
+        """Mask the logits row of the first undecided slot of each window at ``rows`` ([G], batch rows,
+        each with a mask row) with its grammar's next-token mask: that slot's context is exactly the
+        request's output, which the grammar has followed (``grammar_rows.py``)."""
+        step = self.step
+        first_mask_row = first_logits_rows(step)[rows] + step.num_checks[rows]  # masks follow a window's checks
+        masks = self.runner.wedlm_grammars.masks([step.req_ids[i] for i in rows])
+        apply_masks(logits, masks, first_mask_row.tolist())
+
+    def cut_rejected_fills(self, rows: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray) -> None:
+        """Cut the leading run of each next window at ``rows`` ([G], batch rows; its slot and W among
+        the step's plan, ``plan_slots`` / ``sizes`` [P]) where its grammar rejects a token: that fill
+        becomes a mask again (``core.batch.reopen``) and the window is planned anew, so the run the
+        step returns is what the grammar accepts, which it advances by."""
+        step, table, host = self.step, self.table, self.table.host
+        grammars = self.runner.wedlm_grammars
+        cut_slots, cut_at, cut_sizes = [], [], []
+        for row in rows:
+            slot = step.slots[row]
+            run = host.input_ids[slot, : host.num_commit[slot]].tolist()  # the leading run, logical order
+            kept = grammars.accepted(step.req_ids[row], run)
+            if kept < len(run):
+                cut_slots.append(slot)
+                cut_at.append(kept)
+                cut_sizes.append(sizes[np.flatnonzero(plan_slots == slot)[0]])
+        if not cut_slots:
+            return
+        slots = np.array(cut_slots, np.int64)
+        index, at, window_size = plan_rows(slots, np.array(cut_at, np.int64), self.device, np.array(cut_sizes))
+        committed_len = host.committed_len[slots]
+        windows = reopen(table.windows.rows(index), at, self.mask_id)
+        plan = plan_windows(windows, window_size, torch.from_numpy(committed_len).to(self.device), self.max_model_len)
+        table.receive(slots, table.store(index, plan).cpu().numpy(), committed_len)
 
     def row_kinds(self, step: StepRows) -> np.ndarray:
         """[N] int8: what each logits row of the step is for (``MASK_ROW`` ...), request by request."""

@@ -1,17 +1,31 @@
-"""vLLM's structured-output grammar masks, applied at the rows of a WeDLM step.
+"""Structured outputs (a JSON schema, a regex, a choice, a grammar, a tool call) in a WeDLM step.
 
-A request with structured outputs (a JSON schema, a regex, a choice, a grammar, a tool call) is
-decoded AR on a WeDLM engine (``config.decodes_ar``): the scheduler gives it no window, and vLLM's
-structured-output manager computes one grammar mask for it per step, as for any AR request. vLLM's
-runner would apply the masks at its own row layout (one row per request plus its drafts), which a
-WeDLM step does not have, so the runner hands the masks to the layout, and this applies each at its
-request's next-token row, with xgrammar's kernel as vLLM does.
+Two ways, by request (``config.decodes_ar``):
+
+* **Decoded AR** (a lossless request, which then gives AR's output exactly; any request on an engine
+  of fixed window rows, or with a reasoning parser): the scheduler gives it no window, and vLLM's
+  structured-output manager computes one grammar mask for it per step, as for any AR request. vLLM's
+  runner would apply the masks at its own row layout (one row per request plus its drafts), which a
+  WeDLM step does not have, so the runner hands the masks to the layout, and ``apply_grammar`` applies
+  each at its request's next-token row, with xgrammar's kernel as vLLM does.
+* **In windows** (a plain WeDLM request on an engine of exact window rows): its window's first
+  undecided slot, whose context is exactly the request's output, is drawn under the grammar's mask
+  and always filled, so each step returns at least one token, and valid; the fills right of it are
+  drawn freely, and the run the step returns is cut at its first fill the grammar rejects, which
+  becomes a mask again (``core.batch.reopen``). The grammar must follow the run as the step decides
+  it, on the runner's side, so the runner keeps its own matcher per request (``WindowGrammars``),
+  compiled by vLLM's structured-output backend from the request's own parameters, as the scheduler's
+  is; vLLM's scheduler still advances its own matcher by the tokens returned, which it accepts.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.structured_output.request import StructuredOutputRequest
 
 
 def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) -> None:
@@ -19,17 +33,22 @@ def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) ->
     ``grammar_output`` (vLLM's GrammarOutput: request ids, and their masks in that order, one per
     request: it has no drafts) gets its request's mask. A request without a row this step (a
     prefill chunk) is skipped."""
-    import xgrammar as xgr
-
     bitmask = grammar_output.grammar_bitmask  # [masks, words] int32, numpy
     chosen, indices = [], []  # which masks, and the row each goes to
     for index, req_id in enumerate(grammar_output.structured_output_request_ids):
         if req_id in rows:
             chosen.append(index)
             indices.append(rows[req_id])
-    if not indices:
-        return
-    masks = torch.from_numpy(np.ascontiguousarray(bitmask[chosen])).to(logits.device, non_blocking=True)  # [n, words]
+    if indices:
+        apply_masks(logits, torch.from_numpy(np.ascontiguousarray(bitmask[chosen])), indices)
+
+
+def apply_masks(logits: torch.Tensor, masks: torch.Tensor, indices: list[int]) -> None:
+    """Mask ``logits`` [N, V] in place: row ``indices[k]`` with ``masks[k]`` ([n, words] int32, on
+    the host: xgrammar's packed token bitmask)."""
+    import xgrammar as xgr
+
+    masks = masks.to(logits.device, non_blocking=True)  # [n, words]
     full = torch.full((logits.shape[0], masks.shape[1]), -1, dtype=masks.dtype, device=logits.device)
     row_index = torch.tensor(indices, dtype=torch.long, device=logits.device)
     full[row_index] = masks
@@ -39,3 +58,61 @@ def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) ->
         logits.copy_(as_float.to(logits.dtype))
     else:
         xgr.apply_token_bitmask_inplace(logits, full, indices=indices if logits.is_cpu else row_index.int())
+
+
+class WindowGrammars:
+    """The runner's grammar matcher of each plain WeDLM request with structured outputs, following
+    the tokens it returns: the mask of its window's first undecided slot, and how much of a run
+    the grammar accepts."""
+
+    def __init__(self, vllm_config):
+        self._vllm_config = vllm_config
+        self._manager: StructuredOutputManager | None = None  # vLLM's: the tokenizer, the backend
+        self._grammars: dict[str, object] = {}  # req_id -> vLLM's StructuredOutputGrammar
+
+    def add(self, req_id: str, sampling_params) -> None:
+        """Compile the grammar of a new request, as vLLM's scheduler compiles its own (same backend)."""
+        if self._manager is None:
+            self._manager = StructuredOutputManager(self._vllm_config)
+        structured = StructuredOutputRequest.from_sampling_params(sampling_params)
+        if structured is None:
+            return
+        if structured.params._backend is None:  # resolved by vLLM's input processor; "auto" otherwise
+            structured.params._backend = self._vllm_config.structured_outputs_config.backend
+            if structured.params._backend == "auto":
+                structured.params._backend = "xgrammar"
+        self._manager.grammar_init(SimpleNamespace(request_id=req_id, sampling_params=sampling_params,
+                                                   structured_output_request=structured))
+        grammar = structured._grammar
+        self._grammars[req_id] = grammar.result() if hasattr(grammar, "result") else grammar
+
+    def forget(self, req_id: str) -> None:
+        self._grammars.pop(req_id, None)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._grammars
+
+    def masks(self, req_ids: list[str]) -> torch.Tensor:
+        """[n, words] int32: the mask of the next token of each request (everything once its grammar
+        has terminated, as vLLM fills it)."""
+        backend = self._manager.backend
+        bitmask = backend.allocate_token_bitmask(len(req_ids))
+        for index, req_id in enumerate(req_ids):
+            grammar = self._grammars[req_id]
+            if grammar.is_terminated():
+                bitmask[index].fill_(-1)
+            else:
+                grammar.fill_bitmask(bitmask, index)
+        return bitmask
+
+    def accepted(self, req_id: str, run: list[int]) -> int:
+        """How many tokens of ``run`` (what a step would return) the request's grammar accepts, in
+        order; it advances by them. After the grammar has terminated it takes the run whole, as vLLM
+        leaves a terminated request's rows unmasked."""
+        grammar = self._grammars[req_id]
+        if grammar.is_terminated():
+            return len(run)
+        kept = grammar.validate_tokens(run)
+        if kept:
+            grammar.accept_tokens(req_id, kept)
+        return len(kept)

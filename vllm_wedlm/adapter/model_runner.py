@@ -31,11 +31,12 @@ from vllm.v1.outputs import SamplerOutput
 from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
+from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.request_validator import refuse_custom_logits_processors
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, grammar_in_windows, max_window_tokens
 from vllm_wedlm.core.logit_edits import LogitEdits
 
 if TYPE_CHECKING:
@@ -88,6 +89,10 @@ class WeDLMRunnerMixin:
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
         self.wedlm_requests: dict[str, RequestState] = {}
+        # Plain WeDLM requests with structured outputs decode in windows here (else AR), and the
+        # runner follows each one's grammar (grammar_rows.py).
+        self.wedlm_grammar_windows = grammar_in_windows(self.wedlm, self.vllm_config)
+        self.wedlm_grammars = WindowGrammars(self.vllm_config)
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
         # Windows forwarded since start-up (one per request per step), for tokens-per-forward
@@ -128,15 +133,19 @@ class WeDLMRunnerMixin:
             state = self.wedlm_requests.pop(req_id, None)
             if state is not None:
                 self.wedlm_table.release(state.slot)
+                self.wedlm_grammars.forget(req_id)
         return super()._update_states(scheduler_output)
 
     def _request_state(self, req_id: str) -> RequestState:
         state = self.wedlm_requests.get(req_id)
         if state is None:
             sampling = self.requests[req_id].sampling_params
+            autoregressive = decodes_ar(sampling, self.wedlm, self.wedlm_grammar_windows)
+            if not autoregressive and sampling.structured_outputs is not None:
+                self.wedlm_grammars.add(req_id, sampling)
             state = RequestState(slot=self.wedlm_table.allocate(),
                                  params=self.wedlm.request_params(sampling.extra_args),
-                                 autoregressive=decodes_ar(sampling),
+                                 autoregressive=autoregressive, grammar=req_id in self.wedlm_grammars,
                                  edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
                                                      sampling.min_tokens, sampling.all_stop_token_ids),
                                  min_p=sampling.min_p, context_edits=ContextEdits.of(sampling),

@@ -62,6 +62,8 @@ class RequestState:
     context_edits: ContextEdits | None = None
     history_started: bool = False  # its prompt is in the token history of context_edits.py
     logprobs: bool = False  # asks for the log-probs of its tokens (token_logprobs.py)
+    # Structured outputs decoded in windows: the runner follows its grammar (grammar_rows.WindowGrammars).
+    grammar: bool = False
 
 
 @dataclass

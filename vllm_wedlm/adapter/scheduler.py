@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import GrammarOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
@@ -33,7 +34,7 @@ from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
 from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, grammar_in_windows, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -63,6 +64,7 @@ class WeDLMScheduler(Scheduler):
         self.commit_stats = CommitStats()
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
+        self._grammar_windows = grammar_in_windows(self.wedlm, self.vllm_config)
         self._forwarded: dict[str, int] = {}
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
@@ -77,6 +79,24 @@ class WeDLMScheduler(Scheduler):
         self._sizer = (WindowSizer(self.wedlm.window_size,
                                    step_cost(self.vllm_config.model_config.hf_text_config, self.wedlm.window_tokens))
                        if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
+
+    def _decodes_ar(self, request) -> bool:
+        return decodes_ar(request.sampling_params, self.wedlm, self._grammar_windows)
+
+    def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
+        # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
+        # windows runs in the runner (adapter/grammar_rows.py), which masks its first undecided slot
+        # and checks its run, and vLLM's mask for draft tokens would read its window's masks as tokens.
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        req_ids = [req_id for req_id in scheduler_output.num_scheduled_tokens
+                   if (request := self.requests.get(req_id)) and request.use_structured_output
+                   and not request.is_prefill_chunk and self._decodes_ar(request)]
+        if not req_ids:
+            return None
+        bitmask = self.structured_output_manager.grammar_bitmask(self.requests, req_ids,
+                                                                 scheduler_output.scheduled_spec_decode_tokens)
+        return GrammarOutput(req_ids, bitmask)
 
     def window_of(self, request) -> int:
         """W of the window the runner holds for ``request`` (or plans in the step being scheduled)."""
@@ -101,7 +121,7 @@ class WeDLMScheduler(Scheduler):
             request = self.requests[req_id]
             completes_prompt = request.num_computed_tokens + num_tokens >= request.num_tokens
             if req_id in drafted or (completes_prompt and req_id not in planned
-                                     and not decodes_ar(request.sampling_params)):
+                                     and not self._decodes_ar(request)):
                 planning.append(req_id)
         return planning
 
@@ -147,7 +167,7 @@ class WeDLMScheduler(Scheduler):
 
     def _plain_wedlm(self, request) -> bool:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        return not decodes_ar(request.sampling_params) and not self.wedlm.request_params(extra_args).lossless
+        return not self._decodes_ar(request) and not self.wedlm.request_params(extra_args).lossless
 
     def update_from_output(self, scheduler_output, model_runner_output):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
@@ -315,7 +335,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def add_request(self, request) -> None:
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        if decodes_ar(request.sampling_params):
+        if self._decodes_ar(request):
             self._autoregressive.add(request.request_id)
         elif self.wedlm.request_params(extra_args).lossless:
             self._lossless.add(request.request_id)

@@ -53,6 +53,7 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
                                           "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"),
     "shutdown": _override("Scheduler", "self"),
     "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
+    "get_grammar_bitmask": _override("Scheduler", "self", "scheduler_output"),
 }
 
 _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler): the above, and more

@@ -122,7 +122,8 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
 
 def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy: torch.Tensor,
                    mask_tokens: torch.Tensor, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
-                   mask_id: int, verified: WindowBatch | None = None) -> WindowBatch:
+                   mask_id: int, verified: WindowBatch | None = None,
+                   fill_first: torch.Tensor | None = None) -> WindowBatch:
     """Fill the chosen masks of every planned window (``BatchPlan.windows``), then drop its committed
     run (``num_commit`` [B]: ``BatchPlan.num_commit``, or ``verify_windows``'s); the next windows.
 
@@ -133,13 +134,15 @@ def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy:
     slot); every mask strictly below tau is filled, or else the lowest (first on ties).
     ``verified``: the windows after ``verify_windows`` (lossless requests), filled on top of; a mask
     it filled (the token after an accepted run) is no longer a mask.
+    ``fill_first`` ([B] bool, or None: none): windows whose first mask is filled whatever its
+    entropy (a structured-output window's, drawn under its grammar: every step then returns a token).
     """
     if not mask_entropy.numel():
         return fill_masks(windows, num_commit, None, None, entropy_threshold, pos_penalty, mask_id, verified)
     is_mask = (windows.slot_index() < windows.length[:, None]) & ~windows.filled  # [B, C], the planned mask rows
     source = _row_of_cell(is_mask)  # [B, C]: mask k (window by window, logical order) reads row k
     return fill_masks(windows, num_commit, mask_entropy.float()[source], mask_tokens.long()[source],
-                      entropy_threshold, pos_penalty, mask_id, verified)
+                      entropy_threshold, pos_penalty, mask_id, verified, fill_first)
 
 
 def slots_of_rows(values: torch.Tensor, order: torch.Tensor, first_row: torch.Tensor) -> torch.Tensor:
@@ -161,7 +164,8 @@ def _arange_like(like: torch.Tensor) -> torch.Tensor:
 
 def fill_masks(windows: WindowBatch, num_commit: torch.Tensor, entropy: torch.Tensor | None,
                drawn: torch.Tensor | None, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
-               mask_id: int, verified: WindowBatch | None = None) -> WindowBatch:
+               mask_id: int, verified: WindowBatch | None = None,
+               fill_first: torch.Tensor | None = None) -> WindowBatch:
     """``finish_windows`` given each slot's entropy ([B, C] float32) and draw ([B, C] int64), read
     at mask slots only (None: no window has a mask row)."""
     slot = windows.slot_index()
@@ -176,9 +180,19 @@ def fill_masks(windows: WindowBatch, num_commit: torch.Tensor, entropy: torch.Te
         chosen = fillable & (adjusted < entropy_threshold.float()[:, None])
         fallback = ~chosen.any(1) & fillable.any(1)  # [B]
         chosen |= fallback[:, None] & (slot == adjusted.argmin(1, keepdim=True))
+        if fill_first is not None:
+            chosen |= fill_first[:, None] & fillable & (slot == first_mask)
         tokens = torch.where(chosen, drawn, tokens)
         filled = filled | chosen
     return drop_leading(WindowBatch(tokens, filled, start.length), num_commit, mask_id)
+
+
+def reopen(windows: WindowBatch, slot: torch.Tensor, mask_id: int) -> WindowBatch:
+    """Each window with its slot ``slot`` ([B] int64; the capacity or more: none) a mask again: a
+    fill that a structured output's grammar rejected, so the leading run ends before it. The fills
+    right of it stay (never revised), to be checked again once the run reaches them."""
+    cut = windows.slot_index() == slot[:, None]  # [B, C]
+    return WindowBatch(windows.tokens.masked_fill(cut, mask_id), windows.filled & ~cut, windows.length)
 
 
 def drop_leading(windows: WindowBatch, count: torch.Tensor, mask_id: int) -> WindowBatch:
