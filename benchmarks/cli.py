@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     _common(p_off)
     p_off.add_argument("--batch-sizes", default="1,8,64")
     p_off.add_argument("--repeats", type=int, default=1, help="timed runs per point (median and spread kept)")
+    p_off.add_argument("--structured", default="none",
+                       help="structured outputs of every request, one point each: comma-separated of "
+                            "none, json (an answer object), arithmetic-format (the arithmetic tasks' own format, "
+                            "a regex); vLLM's xgrammar with no free JSON whitespace")
     p_off.add_argument("--interleave", action="store_true",
                        help="keep every mode's engine up and alternate the modes repeat by repeat, so that a "
                        "machine's drift moves them alike (needs the memory of all engines at once)")
@@ -162,9 +166,16 @@ def main(argv: list[str] | None = None) -> None:
         common = dict(max_tokens=_ints(args.max_tokens), ignore_eos=args.ignore_eos, window_size=args.window_size,
                       window_tokens=args.window_tokens, progress=progress)
         if args.command == "offline":
+            structured = tuple(args.structured.split(","))
+            unknown = set(structured) - set(workload.STRUCTURED)
+            if unknown:
+                parser.error(f"--structured: unknown {sorted(unknown)}; known: {', '.join(workload.STRUCTURED)}")
+            overrides = _engine_overrides(args)
+            if structured != ("none",):
+                overrides["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
             rows = offline.run(model, modes, workloads, batch_sizes=_ints(args.batch_sizes),
-                               engine_overrides=_engine_overrides(args), repeats=args.repeats,
-                               interleave=args.interleave, **common)
+                               engine_overrides=overrides, repeats=args.repeats,
+                               interleave=args.interleave, structured=structured, **common)
         else:
             extra = ["--max-model-len", str(args.max_model_len)] if args.max_model_len else []
             if args.gpu_memory_utilization:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.modes import Mode, by_engine, token_budget
-from benchmarks.workload import Prompt, score, take
+from benchmarks.workload import STRUCTURED, Prompt, score, take
 from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import (
     graph_modes,
@@ -69,17 +69,20 @@ class ForwardCounter:
         return output_tokens + (after - before)  # AR: one per token, minus accepted drafts
 
 
-def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool):
+def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool, structured: str = "none"):
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
+    constraint = STRUCTURED[structured]
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                          extra_args=mode.extra_args())
+                          extra_args=mode.extra_args(),
+                          structured_outputs=StructuredOutputsParams(**constraint) if constraint else None)
 
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, batch_sizes: list[int],
         max_tokens: list[int], ignore_eos: bool, window_size: int,
         engine_overrides: dict[str, Any], progress, repeats: int = 1, window_tokens: int | None = None,
-        interleave: bool = False) -> list[dict]:
+        interleave: bool = False, structured: tuple[str, ...] = ("none",)) -> list[dict]:
     """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots), each
     timed ``repeats`` times (median seconds and spread; greedy outputs are the same every time).
 
@@ -89,8 +92,9 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
     then moves every mode alike, and the ratios hold. It needs the memory of all engines at once."""
     from vllm import LLM
 
-    settings = [(shots, kind, prompts, limit, batch_size) for shots, workload in workloads.items()
-                for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()]
+    settings = [(shots, kind, prompts, limit, batch_size, constraint) for shots, workload in workloads.items()
+                for limit in max_tokens for batch_size in batch_sizes for kind, prompts in workload.items()
+                for constraint in structured]
     measure = _Measurement(settings, len(modes) * len(settings), repeats, ignore_eos, window_size, window_tokens,
                            progress)
     with ExitStack() as stack:
@@ -124,7 +128,7 @@ class _Measurement:
     def run(self, engines: list[tuple[list[Mode], Any]]) -> None:
         """Every point for the modes of ``engines`` ((modes, their vllm.LLM) pairs)."""
         runs = [(mode, llm, ForwardCounter(llm, mode)) for group, llm in engines for mode in group]
-        for shots, kind, prompts, limit, batch_size in self.settings:
+        for shots, kind, prompts, limit, batch_size, structured in self.settings:
             one_at_a_time = batch_size == 1
             batch = take(prompts, BATCH1_REQUESTS if one_at_a_time else batch_size)
             times: dict[str, list[float]] = {mode.name: [] for mode, _, _ in runs}
@@ -140,7 +144,7 @@ class _Measurement:
                         repeat == self.repeats - 1)
                     if traced:
                         start_window_trace(llm)
-                    params = sampling_params(mode, limit, self.ignore_eos)
+                    params = sampling_params(mode, limit, self.ignore_eos, structured)
                     before = counter.snapshot()
                     modes_before = graph_modes(llm) if mode.decoding == "wedlm" else {}
                     plain_before = window_steps(llm) if mode.decoding == "wedlm" else {}
@@ -162,11 +166,12 @@ class _Measurement:
             for mode, llm, _ in runs:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
                           forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name],
-                          engine_scheduling(llm) if mode.decoding == "wedlm" else {}, histograms.get(mode.name))
+                          engine_scheduling(llm) if mode.decoding == "wedlm" else {}, histograms.get(mode.name),
+                          structured)
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
              times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int],
-             scheduling: dict[str, str], histogram: dict[str, int] | None = None) -> None:
+             scheduling: dict[str, str], histogram: dict[str, int] | None = None, structured: str = "none") -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -181,7 +186,9 @@ class _Measurement:
             "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": self.repeats,
             "output_tok_s": round(tokens / seconds, 2),
             "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
-            "accuracy": score(batch, [o.outputs[0].text for o in outputs]),
+            # (A JSON answer states no "The answer is N.": not scored.)
+            "accuracy": None if structured == "json" else score(batch, [o.outputs[0].text for o in outputs]),
+            "structured": None if structured == "none" else structured,
         }
         if wedlm:
             row.update(scheduling)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 COLUMNS = {
-    "offline": [("mode", "mode"), ("kind", "task"), ("batch_size", "batch"), ("shots", "shots"),
+    "offline": [("mode", "mode"), ("kind", "task"), ("structured", "structured output"), ("batch_size", "batch"),
+                ("shots", "shots"),
                 ("max_tokens", "max tokens"), ("prompt_tokens", "prompt tokens"), ("output_tok_s", "output tok/s"),
                 ("speedup_vs_ar", "vs AR"), ("tokens_per_forward", "tokens/forward"), ("accuracy", "accuracy")],
     "online": [("mode", "mode"), ("kind", "task"), ("concurrency", "concurrency"), ("shots", "shots"),

@@ -20,7 +20,7 @@ def accuracy(verdicts: list[bool | None]) -> float | None:
 
 
 #: Columns that identify one measured setting apart from the mode.
-SETTING_KEYS = ("kind", "batch_size", "concurrency", "shots", "max_tokens")
+SETTING_KEYS = ("kind", "batch_size", "concurrency", "shots", "max_tokens", "structured")
 
 
 def add_ratios_to_ar(rows: list[dict]) -> list[dict]:

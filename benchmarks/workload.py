@@ -15,10 +15,18 @@ from dataclasses import dataclass
 
 from benchmarks.stats import accuracy
 from vllm_wedlm.evaluation import is_correct
-from vllm_wedlm.training.data.tasks import KINDS, MAX_NUMBER, Task, generate
+from vllm_wedlm.training.data.tasks import ARITHMETIC_RESPONSE, KINDS, MAX_NUMBER, Task, generate
 from vllm_wedlm.training.scoring import humaneval
 
 ALL_KINDS = (*KINDS, humaneval.KIND)
+
+#: Structured outputs the offline harness can ask of every request (``--structured``, vLLM's
+#: StructuredOutputsParams): none; a JSON schema of an answer object (no model here was trained on
+#: JSON, so a window's fills after its first slot are mostly rejected); the arithmetic tasks' own
+#: response format, as a regex (a grammar the trained models follow).
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 9999}},
+                 "required": ["answer"], "additionalProperties": False}
+STRUCTURED = {"none": None, "json": {"json": ANSWER_SCHEMA}, "arithmetic-format": {"regex": ARITHMETIC_RESPONSE}}
 
 
 @dataclass(frozen=True)

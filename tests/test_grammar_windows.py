@@ -15,10 +15,10 @@ import pytest
 from engines import running_llm
 from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
 from vllm_wedlm.evaluation import held_out_tasks, request_forwards, trained_max_number
-from vllm_wedlm.training.data.tasks import chat_prompt, final_answer
+from vllm_wedlm.training.data.tasks import ARITHMETIC_RESPONSE, chat_prompt, final_answer
 
 # The micro model's own arithmetic format, and the same with a word it never writes there.
-OWN_FORMAT = r"[A-Z][a-z]+ starts with [0-9]+ [a-z]+\.\n([0-9]+ [-+] [0-9]+ = [0-9]+\.\n)+The answer is [0-9]+\."
+OWN_FORMAT = ARITHMETIC_RESPONSE
 OTHER_WORD = OWN_FORMAT.replace("answer", "result")
 COUNTING = r"([A-Z]|[0-9]+)(, ([A-Z]|[0-9]+))*\."
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 999},

@@ -36,6 +36,10 @@ _GAINS = ("buys {n} more", "finds {n} more", "gets {n} from a friend", "receives
 _LOSSES = ("gives away {n}", "sells {n}", "loses {n}", "uses {n}")
 _SKIPPED_PACKAGES = {"test", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages", "tkinter"}
 _ANSWER = re.compile(r"The answer is (-?\d+)\.")
+#: Every arithmetic response ``_arithmetic`` writes, as a regex (a structured-output constraint that a
+#: model trained on these tasks follows: tests/test_grammar_windows.py, the harness's ``--structured``).
+ARITHMETIC_RESPONSE = (r"[A-Z][a-z]+ starts with [0-9]+ [a-z]+\.\n"
+                       r"([0-9]+ [-+] [0-9]+ = [0-9]+\.\n)+The answer is [0-9]+\.")
 
 
 @dataclass(frozen=True)
