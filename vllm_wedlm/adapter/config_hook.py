@@ -41,6 +41,9 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
             configure_wedlm_mode(vllm_config, settings)
 
 
+#: The most sequences a WeDLM engine runs on CUDA (see ``configure_wedlm_mode``).
+MAX_CUDA_SEQS = 512
+
 def _refuse(reason: str) -> None:
     raise ValueError(f"--decoding wedlm: {reason}")
 
@@ -122,6 +125,14 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         logger.info("WeDLM: max_num_seqs %d -> %d so that every window fits the token budget",
                     scheduler.max_num_seqs, max_seqs)
         scheduler.max_num_seqs = max_seqs
+    if platform == "cuda" and scheduler.max_num_seqs > MAX_CUDA_SEQS:
+        # On an H100 every WeDLM engine of more than 512 sequences (vLLM's vllm.LLM default there is
+        # 1024) failed at start-up with an illegal memory access in vLLM's graph-memory profile of
+        # its mixed-batch captures (window 4, 8 and 16; 512 sequences started, and vLLM's AR at 1024
+        # too): the cause is not found (docs/gpu-test-runs.md, session 34).
+        logger.info("WeDLM: max_num_seqs %d -> %d (larger failed to start on CUDA)", scheduler.max_num_seqs,
+                    MAX_CUDA_SEQS)
+        scheduler.max_num_seqs = MAX_CUDA_SEQS
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
     adaptive = ""
