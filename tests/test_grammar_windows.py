@@ -112,3 +112,27 @@ def test_a_grammar_commits_at_least_one_token_per_forward(runs):
     are rejected (JSON, which the model never saw), no window step returns nothing."""
     for name in CONSTRAINTS:
         assert runs[name][1] >= 1.0, name
+
+
+def test_windows_under_a_grammar_survive_preemption():
+    """A batch larger than the KV cache (float32): vLLM preempts requests mid-answer and re-prefills
+    them. Their windows and the runner's grammars stay as they were, so each output is the one the
+    same engine gives with room for all, and obeys the format."""
+    from engines import kv_bytes_per_token
+    from vllm_wedlm.models.configuration_wedlm import WeDLMConfig
+
+    tasks = held_out_tasks(8, ("arithmetic",), max_number=trained_max_number(str(MICRO_CHECKPOINT)))["arithmetic"]
+    max_model_len = 256
+    bytes_per_token = kv_bytes_per_token(WeDLMConfig.from_pretrained(str(MICRO_CHECKPOINT)))
+    texts = []
+    for kv_tokens in (16 * max_model_len, 2 * max_model_len):
+        with running_llm(MICRO_CHECKPOINT, dtype="float32", additional_config={"decoding": "wedlm"},
+                         max_model_len=max_model_len, kv_cache_memory_bytes=kv_tokens * bytes_per_token,
+                         block_size=16, disable_log_stats=False) as llm:
+            prompts = [chat_prompt(llm.get_tokenizer(), task) for task in tasks]
+            outputs = llm.generate(prompts, params({"regex": OWN_FORMAT}), use_tqdm=False)
+            preemptions = next(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        texts.append([o.outputs[0].text for o in outputs])
+        assert (preemptions > 0) == (kv_tokens < 16 * max_model_len), preemptions
+    assert texts[1] == texts[0]
+    assert all(obeys("own", text) for text in texts[1])
