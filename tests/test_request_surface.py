@@ -107,6 +107,7 @@ def prompt_logprobs(outputs) -> list[list[list[tuple[int, int, float]]]]:
 
 MIN_TOKENS = 20
 LOGPROBS = 3
+CHOSEN = [5, 1, 17]  # logprob_token_ids: the log-probs of these ids at every position, in this order
 PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.8, "frequency_penalty": 0.6}
 EDITED = ("bias", "allowed", "min_tokens", "penalties", "bad_words")  # and, on the AR engine alone, "stop_only"
 
@@ -158,6 +159,8 @@ def runs(request, tmp_path_factory):
                                                      use_tqdm=False))
         runs["engine_logprobs"] = token_logprobs(ar.generate(PROMPTS, params("plain", logprobs=LOGPROBS),
                                                              use_tqdm=False))
+        runs["engine_chosen"] = token_logprobs(ar.generate(PROMPTS, params("plain", logprob_token_ids=CHOSEN),
+                                                           use_tqdm=False))
     config = {"decoding": "wedlm", "window_size": WINDOW, "fixed_window_rows": fixed_rows}
     with running_llm(path, dtype="float32", additional_config=config) as llm:
         runs["plain_greedy"] = token_ids(llm.generate(PROMPTS, params("plain"), use_tqdm=False))
@@ -183,6 +186,14 @@ def runs(request, tmp_path_factory):
                                [params(m, logprobs=LOGPROBS) for _ in PROMPTS for m in modes], use_tqdm=False)
         for i, mode in enumerate(modes):
             runs[f"{mode}_logprobs"] = token_logprobs(outputs[i::len(modes)])
+        # Chosen ids' log-probs in every mode, beside plain requests asking the top K, in one batch.
+        modes = ["lossless", "ar", "plain", "top"]
+        asks = {"top": params("plain", logprobs=LOGPROBS)}
+        outputs = llm.generate([p for p in PROMPTS for _ in modes],
+                               [asks.get(m) or params(m, logprob_token_ids=CHOSEN) for _ in PROMPTS for m in modes],
+                               use_tqdm=False)
+        for i, mode in enumerate(modes):
+            runs[f"{mode}_chosen"] = token_logprobs(outputs[i::len(modes)])
     return runs
 
 
@@ -273,6 +284,24 @@ def test_logprobs_of_lossless_and_per_request_ar_tokens_equal_the_ar_engines(run
     plain = runs["plain_logprobs"]  # beside them, the plain tokens unchanged, each with its entries
     assert [ids for ids, _ in plain] == runs["plain_greedy"]
     assert all(len(entries) == len(ids) and all(len(e) >= LOGPROBS for e in entries) for ids, entries in plain)
+
+
+def test_log_probs_of_chosen_token_ids_in_every_mode(runs):
+    """vLLM's ``logprob_token_ids``: at every position the token's own entry and those of the chosen
+    ids. Lossless and per-request AR: the AR engine's, exactly. Plain: its tokens, each with the
+    entries of the mask row that filled it, the same row the top-K request beside it reads."""
+    expected = runs["engine_chosen"]
+    assert [ids for ids, _ in expected] == runs["engine_greedy"]
+    assert all({token for token, _, _ in position} == {*CHOSEN, ids[k]}
+               for ids, entries in expected for k, position in enumerate(entries))
+    assert runs["lossless_chosen"] == expected
+    assert runs["ar_chosen"] == expected
+    for (ids, chosen), (top_ids, top) in zip(runs["plain_chosen"], runs["top_chosen"], strict=True):
+        assert ids == top_ids
+        for k, (position, top_position) in enumerate(zip(chosen, top, strict=True)):
+            assert {token for token, _, _ in position} == {*CHOSEN, ids[k]}
+            own = [entry for entry in position if entry[0] == ids[k]]
+            assert own == [entry for entry in top_position if entry[0] == ids[k]]
 
 
 def test_a_lossless_servers_requests_return_logprobs_by_default(tmp_path):

@@ -87,7 +87,7 @@ def test_seeded_sampling_repeats_and_seeds_differ(llm):
 @pytest.mark.parametrize("kwargs,message", [
     ({"extra_args": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"extra_args": {"wedlm_pos_penalty": "big"}}, "pos_penalty must be a finite number"),
-    ({"logprob_token_ids": [1, 2]}, "logprob_token_ids"),
+    ({"thinking_token_budget": 8}, "thinking_token_budget"),
 ])
 def test_bad_requests_fail_clearly_and_lose_nothing(llm, kwargs, message):
     from vllm import SamplingParams

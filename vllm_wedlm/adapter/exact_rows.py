@@ -305,7 +305,8 @@ class ExactRows(RowLayout):
         plain = early & wants  # [B]: plain windows that return a run now (or later) and ask
         capacity = table.capacity if plain.any() else 0
         if num_rows:
-            rows = self.token_logprobs.entries(raw_logits, tokens)
+            row_requests = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
+            rows = self.token_logprobs.entries(raw_logits, tokens, self.chosen_ids(states, row_requests))
         else:  # no row this step (a step of re-prefills): a resumed plain run reads its ring alone
             rows = self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size())
         if capacity and num_rows:

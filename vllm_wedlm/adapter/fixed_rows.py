@@ -50,6 +50,7 @@ class FixedRows(RowLayout):
         self.forwarded: tuple = ()
         # R, the logits rows of each window of the step (``logits_rows_per_window``).
         self.rows_per_window = 0
+        self.states: list = []  # the step's request states, batch order (sample's)
         # Each AR-decoded request's last draw, per slot (the next step's input).
         self.ar_draws = torch.zeros(runner.max_num_reqs, dtype=torch.long, device=self.device)
         # Steps whose windows all forwarded 2W rows ("padded") and the others ("exact": the
@@ -227,6 +228,7 @@ class FixedRows(RowLayout):
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]: log-probs asked
+        self.states = states
         window_rows = np.flatnonzero(step.window)  # [Bw]
         rows_per_window = self.rows_per_window  # prepare's R
         width = max(2, rows_per_window)
@@ -311,7 +313,9 @@ class FixedRows(RowLayout):
                   & ~planned.filled.gather(1, slot))  # [Bw, R]
         ring = w_slots[:, None] * capacity + (start[:, None] + slot) % capacity
         sink = table.num_slots * capacity
-        entries = self.token_logprobs.entries(raw_logits, tokens)
+        entries = self.token_logprobs.entries(
+            raw_logits, tokens, self.chosen_ids(self.states, np.repeat(np.flatnonzero(self.step.window),
+                                                                       rows_per_window)))
         self.token_logprobs.write_fills(entries, torch.arange(len(tokens), device=self.device),
                                         torch.where(writes, ring, sink).flatten(), table.num_slots, capacity)
 
@@ -346,7 +350,9 @@ class FixedRows(RowLayout):
                             drawn[torch.from_numpy(draws).to(device)] if len(draws) else after[:0]])
         plain = np.flatnonzero(wants & ~step.lossless & (step.window | planned))  # [Bp] batch rows
         capacity = table.capacity if len(plain) else 0
-        entries = (self.token_logprobs.entries(raw_logits[rows], tokens) if raw_logits is not None
+        row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draw_rows[draws]])  # [n]
+        entries = (self.token_logprobs.entries(raw_logits[rows], tokens, self.chosen_ids(self.states, row_requests))
+                   if raw_logits is not None
                    else self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size()))
         bank = self.token_logprobs.bank(entries, table.num_slots, capacity)
         n = rows.shape[0]

@@ -149,7 +149,8 @@ class WeDLMRunnerMixin:
                                  edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
                                                      sampling.min_tokens, sampling.all_stop_token_ids),
                                  min_p=sampling.min_p, context_edits=ContextEdits.of(sampling),
-                                 logprobs=sampling.logprobs is not None)
+                                 logprobs=sampling.logprobs is not None or bool(sampling.logprob_token_ids),
+                                 logprob_token_ids=tuple(sampling.logprob_token_ids or ()) or None)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state

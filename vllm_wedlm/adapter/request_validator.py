@@ -25,12 +25,9 @@ QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 
 def unsupported_features(params: SamplingParams) -> list[str]:
-    """Names of the requested features the WeDLM sampler does not implement (yet): the log-probs of
-    chosen token ids (entries of another shape than the top K the log-prob bank keeps), and vLLM's
-    thinking budget (its per-row state machine counts one token per step)."""
+    """Names of the requested features the WeDLM sampler does not implement (yet): vLLM's thinking
+    budget (its per-row state machine counts one token per step)."""
     found = []
-    if params.logprob_token_ids:
-        found.append("logprob_token_ids")
     if params.thinking_token_budget is not None:
         found.append("thinking_token_budget")
     return found

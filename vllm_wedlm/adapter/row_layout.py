@@ -62,6 +62,7 @@ class RequestState:
     context_edits: ContextEdits | None = None
     history_started: bool = False  # its prompt is in the token history of context_edits.py
     logprobs: bool = False  # asks for the log-probs of its tokens (token_logprobs.py)
+    logprob_token_ids: tuple[int, ...] | None = None  # ... of these token ids rather than the top K
     # Structured outputs decoded in windows: the runner follows its grammar (grammar_rows.WindowGrammars).
     grammar: bool = False
 
@@ -181,6 +182,14 @@ class RowLayout:
             starts=runner.query_start_loc.np[:num_reqs].astype(np.int64),
             computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64),
             window_sizes=np.fromiter((chosen.get(req_id, window_size) for req_id in req_ids), np.int64, num_reqs))
+
+    @staticmethod
+    def chosen_ids(states: list[RequestState], batch_rows: np.ndarray) -> list[tuple[int, ...] | None] | None:
+        """The ``logprob_token_ids`` of the request of each log-prob row (``batch_rows`` [n]: its index
+        into ``states``), for ``TokenLogprobs.entries``; None when no request of the step asks."""
+        if not any(state.logprob_token_ids for state in states):
+            return None
+        return [states[row].logprob_token_ids for row in batch_rows]
 
     def prompt_ends(self, step: StepRows) -> tuple[list[RequestState], np.ndarray, np.ndarray]:
         """The step's request states, and which WeDLM-decoded rows finished a prompt with it: ``new``

@@ -13,6 +13,10 @@ window's slots are C consecutive positions at most, so they never share a ring e
 that stays open is written again by its next forward, a filled one is not forwarded as a mask
 again, so the ring holds the filling row's entry when the run returns it.
 
+A request that asks for the log-probs of chosen token ids (vLLM's ``logprob_token_ids``) gets, in
+each of its rows' entries, those ids after the token, in order, then padding (token 0, -inf), as
+vLLM's sampler gives them; the entries widen to the longest such list.
+
 Every returned cell ([B, width], -1 where no token) reads one entry of a bank: this step's rows
 first (N of them), then the kept slot-0 entries (one per table slot), then the rings (C per table
 slot); vLLM drops the entries of empty cells as it drops the cells.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
@@ -36,13 +41,30 @@ class TokenLogprobs:
         self.kept: LogprobsTensors | None = None  # [S, K + 1] per table slot: its window's slot-0 token
         self.fills: LogprobsTensors | None = None  # [S * C, K + 1]: each table slot's ring of fills
 
-    def entries(self, raw_logits: torch.Tensor, tokens: torch.Tensor) -> LogprobsTensors:
+    def entries(self, raw_logits: torch.Tensor, tokens: torch.Tensor,
+                chosen: list[tuple[int, ...] | None] | None = None) -> LogprobsTensors:
         """[n, K + 1] entries of rows ([n, V] raw logits), each for its token ([n]; a negative one,
-        an empty cell's, reads token 0)."""
+        an empty cell's, reads token 0). ``chosen``: per row, the token ids its request asks the
+        log-probs of (``logprob_token_ids``), or None (the top K)."""
+        asked = [] if chosen is None else [(row, ids) for row, ids in enumerate(chosen) if ids]
+        if asked:
+            self.k = max(self.k, max(len(ids) for _, ids in asked))
         if not raw_logits.shape[0]:  # vLLM's compiled rank count takes no empty batch
             return self.no_entries(raw_logits.shape[-1])
         logprobs = Sampler.compute_logprobs(raw_logits)
-        return Sampler.gather_logprobs(logprobs, min(self.k, logprobs.shape[-1]), tokens.long().clamp(min=0))
+        entries = Sampler.gather_logprobs(logprobs, min(self.k, logprobs.shape[-1]), tokens.long().clamp(min=0))
+        if asked:
+            width = entries.logprobs.shape[1] - 1
+            ids = np.zeros((len(asked), width), np.int64)
+            valid = np.zeros((len(asked), width), bool)
+            for i, (_, row_ids) in enumerate(asked):
+                ids[i, : len(row_ids)], valid[i, : len(row_ids)] = row_ids, True
+            rows = torch.tensor([row for row, _ in asked], device=self.device)
+            ids_dev = torch.from_numpy(ids).to(self.device, non_blocking=True)  # [m, K]
+            valid_dev = torch.from_numpy(valid).to(self.device, non_blocking=True)
+            entries.logprob_token_ids[rows, 1:] = ids_dev.to(entries.logprob_token_ids.dtype)
+            entries.logprobs[rows, 1:] = logprobs[rows].gather(1, ids_dev).masked_fill(~valid_dev, float("-inf"))
+        return entries
 
     def no_entries(self, vocab_size: int) -> LogprobsTensors:
         """No rows, in the width ``entries`` gives rows of ``vocab_size`` logits."""
@@ -85,15 +107,18 @@ class TokenLogprobs:
 
 
 def _at_least(entries: LogprobsTensors | None, count: int, width: int, device: torch.device) -> LogprobsTensors:
-    """``entries`` grown to ``count`` rows of ``width`` entries (zeros after the old ones), or as they are."""
-    if entries is not None and entries.logprobs.shape[0] >= count:
+    """``entries`` grown to ``count`` rows of ``width`` entries (zeros after the old ones, in both
+    directions), or as they are."""
+    if entries is not None and entries.logprobs.shape[0] >= count and entries.logprobs.shape[1] >= width:
         return entries
+    if entries is not None:
+        count, width = max(count, entries.logprobs.shape[0]), max(width, entries.logprobs.shape[1])
     grown = LogprobsTensors(torch.zeros(count, width, dtype=torch.long, device=device),
                             torch.zeros(count, width, dtype=torch.float32, device=device),
                             torch.zeros(count, dtype=torch.long, device=device))
     if entries is not None:
-        old = entries.logprobs.shape[0]
-        grown.logprob_token_ids[:old] = entries.logprob_token_ids
-        grown.logprobs[:old] = entries.logprobs
+        old, old_width = entries.logprobs.shape
+        grown.logprob_token_ids[:old, :old_width] = entries.logprob_token_ids
+        grown.logprobs[:old, :old_width] = entries.logprobs
         grown.selected_token_ranks[:old] = entries.selected_token_ranks
     return grown
