@@ -229,7 +229,7 @@ def request_flag(extra_args: dict, key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
-def decodes_ar(sampling_params, settings: WeDLMSettings | None = None, grammar_windows: bool = False) -> bool:
+def decodes_ar(sampling_params, settings: WeDLMSettings, grammar_windows: bool) -> bool:
     """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
     (``wedlm_decoding: "ar"``), or for structured outputs (a grammar, a JSON schema, a tool call)
     where windows do not take them: a lossless request (AR's output under the grammar, exactly),
@@ -241,7 +241,7 @@ def decodes_ar(sampling_params, settings: WeDLMSettings | None = None, grammar_w
         return True
     if sampling_params is None or sampling_params.structured_outputs is None:
         return False
-    return not grammar_windows or settings is None or settings.request_params(extra_args).lossless
+    return not grammar_windows or settings.request_params(extra_args).lossless
 
 
 def grammar_in_windows(settings: WeDLMSettings, vllm_config) -> bool:

@@ -44,6 +44,7 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
 #: The most sequences a WeDLM engine runs on CUDA (see ``configure_wedlm_mode``).
 MAX_CUDA_SEQS = 512
 
+
 def _refuse(reason: str) -> None:
     raise ValueError(f"--decoding wedlm: {reason}")
 

@@ -360,7 +360,8 @@ class ExactRows(RowLayout):
         """Cut the leading run of each next window at ``rows`` ([G], batch rows; its slot and W among
         the step's plan, ``plan_slots`` / ``sizes`` [P]) where its grammar rejects a token: that fill
         becomes a mask again (``core.batch.reopen``) and the window is planned anew, so the run the
-        step returns is what the grammar accepts, which it advances by."""
+        step returns is what the grammar accepts, which it advances by. A step that cuts copies the
+        re-planned windows back to the host a second time."""
         step, table, host = self.step, self.table, self.table.host
         grammars = self.runner.wedlm_grammars
         cut_slots, cut_at, cut_sizes = [], [], []

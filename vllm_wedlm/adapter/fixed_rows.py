@@ -50,7 +50,6 @@ class FixedRows(RowLayout):
         self.forwarded: tuple = ()
         # R, the logits rows of each window of the step (``logits_rows_per_window``).
         self.rows_per_window = 0
-        self.states: list = []  # the step's request states, batch order (sample's)
         # Each AR-decoded request's last draw, per slot (the next step's input).
         self.ar_draws = torch.zeros(runner.max_num_reqs, dtype=torch.long, device=self.device)
         # Steps whose windows all forwarded 2W rows ("padded") and the others ("exact": the
@@ -228,7 +227,6 @@ class FixedRows(RowLayout):
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]: log-probs asked
-        self.states = states
         window_rows = np.flatnonzero(step.window)  # [Bw]
         rows_per_window = self.rows_per_window  # prepare's R
         width = max(2, rows_per_window)
@@ -254,7 +252,8 @@ class FixedRows(RowLayout):
                     sampling = dataclasses.replace(sampling, ban_mask_token=ban)
                 tokens = sample(window_logits, sampling, mask_id)
             if plain_logprobs[window_rows].any():
-                self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window)
+                self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window,
+                                 states)
             runner.wedlm_window_step_runs["steps"] += 1
             *windows, order, committed_len, sampled, void = self.window_step(
                 table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
@@ -288,7 +287,8 @@ class FixedRows(RowLayout):
             self.start_after_prefill(step, new, resumed, sampled, first_tokens)
         logprobs = None
         if wants.any():
-            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed)
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
+                                              states)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
@@ -296,7 +296,7 @@ class FixedRows(RowLayout):
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
 
     def write_fills(self, raw_logits: torch.Tensor, tokens: torch.Tensor, plain_logprobs: np.ndarray,
-                    rows_per_window: int) -> None:
+                    rows_per_window: int, states: list) -> None:
         """Before the window step: the log-prob entry of every mask row of the forwarded plain windows
         that ask (``plain_logprobs`` [Bw] bool), from its raw logits ([Bw * R, V]) and draw
         ([Bw * R]), to its request's ring at the position of the slot it may fill
@@ -314,13 +314,13 @@ class FixedRows(RowLayout):
         ring = w_slots[:, None] * capacity + (start[:, None] + slot) % capacity
         sink = table.num_slots * capacity
         entries = self.token_logprobs.entries(
-            raw_logits, tokens, self.chosen_ids(self.states, np.repeat(np.flatnonzero(self.step.window),
-                                                                       rows_per_window)))
+            raw_logits, tokens, self.chosen_ids(states, np.repeat(np.flatnonzero(self.step.window), rows_per_window)))
         self.token_logprobs.write_fills(entries, torch.arange(len(tokens), device=self.device),
                                         torch.where(writes, ring, sink).flatten(), table.num_slots, capacity)
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: torch.Tensor | None,
-                          wants: np.ndarray, rows_per_window: int, planned: np.ndarray) -> LogprobsTensors:
+                          wants: np.ndarray, rows_per_window: int, planned: np.ndarray,
+                          states: list) -> LogprobsTensors:
         """The log-probs of every returned cell (``sampled`` [B, width], device), for the requests that
         ask (``wants`` [B] bool; ``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
         its verification row c - 1 drew, cell 0 its kept slot-0 entry; an AR-decoded request's cell 0
@@ -351,7 +351,7 @@ class FixedRows(RowLayout):
         plain = np.flatnonzero(wants & ~step.lossless & (step.window | planned))  # [Bp] batch rows
         capacity = table.capacity if len(plain) else 0
         row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draw_rows[draws]])  # [n]
-        entries = (self.token_logprobs.entries(raw_logits[rows], tokens, self.chosen_ids(self.states, row_requests))
+        entries = (self.token_logprobs.entries(raw_logits[rows], tokens, self.chosen_ids(states, row_requests))
                    if raw_logits is not None
                    else self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size()))
         bank = self.token_logprobs.bank(entries, table.num_slots, capacity)
