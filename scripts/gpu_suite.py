@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,7 +84,8 @@ def _collect(args: list[str]) -> list[str]:
 
 
 def run_unit(name: str, args: list[str], logs: Path, deadline: float, threads: int) -> dict:
-    log = logs / (name.replace("/", "_").replace(" ", "_") + ".log")
+    # Letters, digits, '.', '-' and '_' only: the device machine sends back no file with other characters in its name.
+    log = logs / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") + ".log")
     # Each unit gets its share of the cores: torch's CPU ops otherwise start a thread per core in
     # every process, and --jobs processes oversubscribe the machine many times over.
     env = {**os.environ, "VLLM_WEDLM_SHARED_GPU": "1", "OMP_NUM_THREADS": str(threads), UNIT_ENV: name}

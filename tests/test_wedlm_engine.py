@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
@@ -166,40 +165,43 @@ def test_a_first_window_rides_with_the_end_of_its_prompt(sharp, budget_64, promp
     assert list(out.outputs[0].token_ids) == expected.token_ids
 
 
-def test_custom_logits_processors_are_refused_at_start_up(sharp):
-    """The WeDLM sampler applies min_p, logit_bias and min_tokens itself; a custom processor would be
-    skipped silently, so the engine refuses it: named in --logits-processors (front end) or installed
-    as a plugin (the runner's processors)."""
+def test_the_runner_applies_custom_logits_processors_only(sharp):
+    """The WeDLM sampler applies vLLM's built-in min_p, logit_bias and min_tokens itself; any other
+    processor (named in --logits-processors, or an installed plugin the front end never sees) the
+    runner applies to every row (tests/test_custom_logits_processors.py), argmax-moving ones first,
+    and on fixed window rows it refuses them."""
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
     from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
-    from vllm_wedlm.adapter.request_validator import WeDLMRequestValidator, refuse_custom_logits_processors
+    from vllm_wedlm.adapter.custom_processors import custom_processors, refuse_on_fixed_rows
+    from vllm_wedlm.adapter.request_validator import WeDLMRequestValidator
 
-    args = EngineArgs(model=str(sharp[0]), max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=1 << 26,
-                      additional_config={"decoding": "wedlm"}, logits_processors=["my_plugin.procs:Uppercase"])
-    with pytest.raises(ValueError, match=r"custom logits processors \(my_plugin.procs:Uppercase\)"):
-        args.create_engine_config()
-    config = dataclasses.replace(args, logits_processors=None).create_engine_config()
+    config = EngineArgs(model=str(sharp[0]), max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=1 << 26,
+                        additional_config={"decoding": "wedlm"}).create_engine_config()
 
     class Uppercase(LogitsProcessor):
-        def __init__(self, *_):
-            pass
+        def __init__(self, invariant: bool):
+            self.invariant = invariant
 
         def apply(self, logits):
             return logits
 
         def is_argmax_invariant(self):
-            return False
+            return self.invariant
 
         def update_state(self, batch_update):
             pass
 
     stock = [cls(config, torch.device("cpu"), False) for cls in BUILTIN_LOGITS_PROCESSORS]
-    refuse_custom_logits_processors(LogitsProcessors([*stock, WeDLMRequestValidator(config, "cpu", False)]))
-    with pytest.raises(ValueError, match="custom logits processors .*Uppercase"):
-        refuse_custom_logits_processors(LogitsProcessors([*stock, Uppercase()]))
+    validator = WeDLMRequestValidator(config, "cpu", False)
+    assert custom_processors(LogitsProcessors([*stock, validator])) == []
+    invariant, moving = Uppercase(True), Uppercase(False)
+    assert custom_processors(LogitsProcessors([invariant, *stock, validator, moving])) == [moving, invariant]
+    refuse_on_fixed_rows([])
+    with pytest.raises(ValueError, match=r"custom logits processors \(Uppercase\).*synchronous scheduling"):
+        refuse_on_fixed_rows(["Uppercase"])
 
 
 def test_wedlm_on_a_non_wedlm_model_is_refused(sharp, tmp_path):

@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from vllm_wedlm.adapter.async_gate import default_async_scheduling
+from vllm_wedlm.adapter.custom_processors import refuse_on_fixed_rows
 from vllm_wedlm.config import ASYNC_PADDING_KEY, WeDLMSettings, max_window_tokens
 from vllm_wedlm.models.configuration_wedlm import body_of
 
@@ -76,10 +77,7 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     from vllm_wedlm.adapter.request_validator import QUALNAME as qualname
 
     model_config = vllm_config.model_config
-    custom = [getattr(p, "__qualname__", p) for p in model_config.logits_processors or [] if p != qualname]
-    if custom:  # the WeDLM sampler would skip them (installed plugins are refused by the runner)
-        _refuse(f"custom logits processors ({', '.join(map(str, custom))}) are not applied by the WeDLM sampler; "
-                "serve them with --decoding ar")
+    custom = [str(getattr(p, "__qualname__", p)) for p in model_config.logits_processors or [] if p != qualname]
     if qualname not in (model_config.logits_processors or []):
         model_config.logits_processors = [*(model_config.logits_processors or []), qualname]
     # vLLM 0.26.0 runs an engine with a custom logits processor on its V1 runner (the V2 runner does
@@ -100,6 +98,10 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     # rows, known on the host. vLLM's CPU platform never schedules async; fixed window rows can be
     # asked for there (additional_config) to test them.
     if platform == "cuda":
+        if custom and scheduler.async_scheduling is None:
+            # Custom logits processors need each window row's context on the host (custom_processors.py).
+            logger.info("WeDLM: synchronous scheduling, for the custom logits processors %s", ", ".join(custom))
+            scheduler.async_scheduling = False
         scheduler.async_scheduling = default_async_scheduling(scheduler.async_scheduling,
                                                               vllm_config.model_config.hf_text_config)
     if platform == "cuda" and scheduler.async_scheduling is not False and not settings.fixed_window_rows:
@@ -109,6 +111,8 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     if settings.async_padding_tokens is not None and not settings.fixed_window_rows:
         _refuse(f"{ASYNC_PADDING_KEY} (--wedlm-async-padding-tokens) applies to async scheduling only: add "
                 "--async-scheduling (on a GPU) or drop it")
+    if settings.fixed_window_rows:
+        refuse_on_fixed_rows(custom)
     scheduler_cls = FIXED_ROWS_SCHEDULER_CLS if settings.fixed_window_rows else SCHEDULER_CLS
     if scheduler.scheduler_cls not in (None, SCHEDULER_CLS, FIXED_ROWS_SCHEDULER_CLS):
         _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")

@@ -14,6 +14,7 @@ device tensor, a row per table slot, allocated when the first such request arriv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,17 +51,19 @@ class RowContextEdits:
         self.layout = layout
         self.history: torch.Tensor | None = None  # [S, max_model_len + 1] int64 (core.row_context)
 
-    def apply(self, logits: torch.Tensor, states: list, row_requests: np.ndarray) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, states: list, row_requests: np.ndarray,
+              before_penalties: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """``logits`` [N, V] (float32, with the other edits: vLLM bans bad words after allowed tokens
         and penalises last) with each request's context edits applied to its rows; ``row_requests``
-        [N]: each row's index into ``states``."""
+        [N]: each row's index into ``states``. ``before_penalties`` edits all rows between the bad
+        words and the penalties (where vLLM runs its logits processors)."""
         layout = self.layout
         step, device = layout.step, layout.device
         edited = np.fromiter((s.context_edits is not None for s in states), bool, len(states))  # [B]
         self._record(states, edited)
         rows = np.flatnonzero(edited[row_requests])  # [n] host
         if not len(rows):
-            return logits
+            return before_penalties(logits) if before_penalties else logits
         requests = row_requests[rows]  # [n]
         prompt_len = layout.prompt_lengths()  # [B]
         index = torch.from_numpy(rows).to(device, non_blocking=True)  # [n]
@@ -75,6 +78,8 @@ class RowContextEdits:
             for word in words:
                 banned = mine & ends_with(self.history, slot, begin, position, word[:-1])  # [n]
                 logits[index, word[-1]] = logits[index, word[-1]].masked_fill(banned, float("-inf"))
+        if before_penalties is not None:
+            logits = before_penalties(logits)
         penalised = np.fromiter((states[i].context_edits.penalises for i in requests), bool, len(requests))
         if penalised.any():
             self._penalise(logits, states, rows[penalised], requests[penalised], prompt_len, slot[penalised],

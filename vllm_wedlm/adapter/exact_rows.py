@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
+from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
@@ -139,6 +140,35 @@ class ExactRows(RowLayout):
         next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
         positions = self.step_positions[self.logits_indices] + next_token  # [N]
         return torch.from_numpy(positions).to(self.device, non_blocking=True)
+
+    def row_contexts(self, row_requests: np.ndarray) -> list[RowContext]:
+        # The host's windows are still the ones forwarded now. A row's context is its request's
+        # output list (which holds a plain window's leading run, returned before its forward), then
+        # the window's slots up to the row in logical order: fills, and the mask id where undecided.
+        step, host = self.step, self.table.host
+        next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
+        positions = (self.step_positions[self.logits_indices] + next_token).tolist()  # [N]
+        output_start = self.prompt_lengths()  # [B]: the position of each request's first output token
+        lists = self.runner.input_batch.req_output_token_ids
+        windows: dict[int, np.ndarray] = {}  # batch row -> its window's tokens in logical order
+        contexts = []
+        for row, request in enumerate(row_requests.tolist()):
+            length = positions[row] - int(output_start[request])  # output tokens before the row
+            keep = min(len(lists[request]), length)
+            extra: list[int] = []
+            if keep < length:
+                slot = step.slots[request]
+                begin = int(output_start[request]) + keep - int(host.committed_len[slot])  # in the window
+                if not step.window[request] or begin < 0 or length - keep > host.length[slot] - begin:
+                    raise RuntimeError(f"WeDLM request {step.req_ids[request]}: a logits row at position "
+                                       f"{positions[row]} is not covered by its output and window")
+                if request not in windows:
+                    logical = np.full(host.length[slot], self.mask_id, np.int64)
+                    logical[host.order[slot, : host.length[slot]]] = host.input_ids[slot, : host.length[slot]]
+                    windows[request] = logical
+                extra = windows[request][begin: begin + length - keep].tolist()
+            contexts.append((keep, extra))
+        return contexts
 
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan

@@ -29,10 +29,10 @@ import torch
 from vllm.v1.outputs import SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits
+from vllm_wedlm.adapter.custom_processors import custom_processors, refuse_on_fixed_rows
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
-from vllm_wedlm.adapter.request_validator import refuse_custom_logits_processors
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
@@ -85,8 +85,12 @@ class WeDLMRunnerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        refuse_custom_logits_processors(self.input_batch.logitsprocs)
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
+        # Custom logits processors (--logits-processors, installed plugins), applied to every row of
+        # a step (custom_processors.py); the front end's check misses installed plugins.
+        self.wedlm_custom_processors = custom_processors(self.input_batch.logitsprocs)
+        if self.wedlm.fixed_window_rows:
+            refuse_on_fixed_rows([type(p).__qualname__ for p in self.wedlm_custom_processors])
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
         self.wedlm_requests: dict[str, RequestState] = {}
         # Plain WeDLM requests with structured outputs decode in windows here (else AR), and the

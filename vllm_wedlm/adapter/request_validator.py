@@ -33,20 +33,6 @@ def unsupported_features(params: SamplingParams) -> list[str]:
     return found
 
 
-def refuse_custom_logits_processors(processors) -> None:
-    """At start-up: the WeDLM sampler applies vLLM's built-in processors' settings itself (min_p,
-    logit_bias, min_tokens); a custom one (``--logits-processors`` or an installed plugin) would be
-    silently skipped, so the engine refuses to start instead. ``processors``: the runner's
-    ``LogitsProcessors``."""
-    from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS
-
-    custom = sorted({type(p).__qualname__ for p in processors.all
-                     if type(p) not in BUILTIN_LOGITS_PROCESSORS and not isinstance(p, WeDLMRequestValidator)})
-    if custom:
-        raise ValueError(f"--decoding wedlm does not apply custom logits processors ({', '.join(custom)}); "
-                         "serve them with --decoding ar")
-
-
 class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:

@@ -24,6 +24,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
+from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
@@ -202,11 +203,13 @@ class RowLayout:
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to
-        its rows (``row_requests`` [N]: each row's index into ``states``), then its bad words and
-        penalties, as float32, in vLLM's order; unchanged (no copy) when no request asks for them."""
+        its rows (``row_requests`` [N]: each row's index into ``states``, the persistent batch's
+        order), then its bad words, the engine's custom logits processors and its penalties, as
+        float32, in vLLM's order; unchanged (no copy) when nothing applies."""
         edited = any(state.edits is not None for state in states)
         in_context = any(state.context_edits is not None for state in states)
-        if not edited and not in_context:
+        processors = self.runner.wedlm_custom_processors
+        if not edited and not in_context and not processors:
             return logits
         output_index = None
         if any(state.edits is not None and state.edits.min_tokens for state in states):
@@ -214,7 +217,14 @@ class RowLayout:
                 self.device, non_blocking=True)
         logits = (edit_logits(logits, [states[i].edits for i in row_requests], output_index) if edited
                   else logits.to(torch.float32, copy=True))
-        return self.context_edits.apply(logits, states, row_requests) if in_context else logits
+
+        def custom(rows: torch.Tensor) -> torch.Tensor:  # after bad words, before penalties (vLLM's place)
+            if not processors:
+                return rows
+            return apply_custom(processors, rows, row_requests, self.row_contexts(row_requests),
+                                self.runner.input_batch.req_output_token_ids)
+
+        return self.context_edits.apply(logits, states, row_requests, custom) if in_context else custom(logits)
 
     def prompt_lengths(self) -> np.ndarray:
         """[B] int64: the prompt length of each request of the step."""
@@ -223,6 +233,13 @@ class RowLayout:
 
     def window_starts(self, slots: np.ndarray) -> torch.Tensor:
         """[P] int64 on the device: where the windows forwarded now at ``slots`` start."""
+        raise NotImplementedError
+
+    def row_contexts(self, row_requests: np.ndarray) -> list[RowContext]:
+        """Each logits row's context for the custom logits processors (``custom_processors.py``): how
+        much of its request's output list it sees, then the window tokens after it, up to the row's
+        position; ``row_requests`` [N] as in ``edited``. Only a layout that knows its windows on the
+        host has them (the engine refuses custom processors otherwise)."""
         raise NotImplementedError
 
     def row_positions(self) -> torch.Tensor:
