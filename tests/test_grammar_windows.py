@@ -1,4 +1,4 @@
-"""Plain WeDLM windows under a structured output's grammar (adapter/grammar_rows.py), on the trained
+"""WeDLM windows under a structured output's grammar (adapter/grammar_rows.py), on the trained
 micro model, whose fills mean something: every output obeys its constraint, at any window size,
 greedy or sampled, beside unconstrained and lossless requests (which do not change); and where the
 constraint is the model's own format, windows still commit many tokens per forward. A constraint
@@ -74,6 +74,9 @@ def runs(request):
         for name, (kind, structured) in CONSTRAINTS.items():
             runs[name] = run(kind, params(structured))
             runs[f"sampled_{name}"] = run(kind, params(structured, temperature=0.8, seed=7))
+        for name in ("own", "json"):  # lossless windows: AR rows under the grammar verify the fills
+            runs[f"lossless_{name}"] = run("arithmetic", params(CONSTRAINTS[name][1],
+                                                                extra_args={"wedlm_lossless": True}))
         # One batch: each arithmetic prompt unconstrained, lossless, and under each arithmetic constraint.
         names = [name for name, (kind, _) in CONSTRAINTS.items() if kind == "arithmetic"]
         batch = [params(), params(extra_args={"wedlm_lossless": True})] + [params(CONSTRAINTS[n][1]) for n in names]
@@ -105,6 +108,16 @@ def test_the_models_own_format_keeps_many_tokens_per_forward(runs):
     free_right = [final_answer(text) == task.answer for text, task in zip(runs["free"][0],
                                                                            runs["tasks"]["arithmetic"], strict=True)]
     assert sum(right) >= sum(free_right) - 1
+
+
+def test_lossless_windows_under_a_grammar_obey_it_and_keep_the_models_own_format_fast(runs):
+    """A lossless window's verification rows are masked along its run (tests/test_structured_outputs.py
+    checks that its output is AR's, token for token): every output obeys the constraint, and under
+    the model's own format its fills pass, so it commits several tokens per forward."""
+    for name in ("own", "json"):
+        assert all(obeys(name, text) for text in runs[f"lossless_{name}"][0]), name
+        assert runs[f"lossless_{name}"][1] >= 1.0, name
+    assert runs["lossless_own"][1] > 2.0, runs["lossless_own"][1]
 
 
 def test_a_grammar_commits_at_least_one_token_per_forward(runs):

@@ -1,9 +1,11 @@
 """Structured outputs in WeDLM mode (adapter/grammar_rows.py) with a choice, a regex, a JSON schema or
-a grammar. A lossless or per-request AR request is decoded AR under vLLM's own grammar masks, so it
-gives exactly what an ``--decoding ar`` engine gives, and so does a plain one on an engine of fixed
-window rows. A plain one on an engine of exact window rows decodes in windows under the grammar:
-its output obeys the constraint. Unconstrained WeDLM requests beside them do not change.
-tests/test_grammar_windows.py has windows under a grammar on the trained micro model."""
+a grammar. A per-request AR request is decoded AR under vLLM's own grammar masks, so it gives
+exactly what an ``--decoding ar`` engine gives, and so does every request on an engine of fixed
+window rows. On an engine of exact window rows a lossless request decodes in windows whose
+verification rows are masked along the run, which must give the AR engine's output too, token for
+token; a plain one decodes in windows under the grammar: its output obeys the constraint.
+Unconstrained WeDLM requests beside them do not change. tests/test_grammar_windows.py has windows
+under a grammar on the trained micro model."""
 
 from __future__ import annotations
 
@@ -71,9 +73,9 @@ def runs(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", CONSTRAINTS)
-def test_the_modes_decoded_ar_give_the_ar_engines_constrained_output(runs, name):
-    decoded_ar = ["lossless", "ar"] if runs["windows_take_grammars"] else list(MODES)
-    for mode in decoded_ar:
+def test_lossless_and_ar_modes_give_the_ar_engines_constrained_output(runs, name):
+    exact = ["lossless", "ar"] if runs["windows_take_grammars"] else list(MODES)
+    for mode in exact:
         assert runs[f"{mode}_{name}"] == runs[f"engine_{name}"], mode
     assert runs[f"free_{name}"] == runs["free"]  # unconstrained requests beside them do not change
 

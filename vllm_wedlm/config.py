@@ -229,24 +229,25 @@ def request_flag(extra_args: dict, key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
-def decodes_ar(sampling_params, settings: WeDLMSettings, grammar_windows: bool) -> bool:
+def decodes_ar(sampling_params, grammar_windows: bool) -> bool:
     """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
-    (``wedlm_decoding: "ar"``), or for structured outputs (a grammar, a JSON schema, a tool call)
-    where windows do not take them: a lossless request (AR's output under the grammar, exactly),
-    and any request where ``grammar_windows`` is False (``grammar_in_windows``). A plain WeDLM
-    request with structured outputs on an engine whose windows take them decodes in windows
-    (``adapter/grammar_rows.py``); ``settings`` gives its lossless default."""
+    (``wedlm_decoding: "ar"``), or for a ``thinking_token_budget``, or for structured outputs (a
+    grammar, a JSON schema, a tool call) on an engine whose windows do not take them
+    (``grammar_windows`` False, ``grammar_in_windows``). Elsewhere a WeDLM request with structured
+    outputs, plain or lossless, decodes in windows (``adapter/grammar_rows.py``)."""
     extra_args = sampling_params.extra_args if sampling_params is not None else None
     if request_decoding(extra_args) == "ar":
         return True
+    if sampling_params is not None and sampling_params.thinking_token_budget is not None:
+        return True  # vLLM's budget state follows one token per step (adapter/exact_rows.py)
     if sampling_params is None or sampling_params.structured_outputs is None:
         return False
-    return not grammar_windows or settings.request_params(extra_args).lossless
+    return not grammar_windows
 
 
 def grammar_in_windows(settings: WeDLMSettings, vllm_config) -> bool:
-    """Whether plain WeDLM windows decode structured outputs on this engine: exact window rows (the
-    host knows each window after its step, to check its run against the grammar), and no reasoning
+    """Whether WeDLM windows (plain and lossless) decode structured outputs on this engine: exact
+    window rows (the host knows each window around its step, to mask and check it), and no reasoning
     parser (whose grammar waits for the reasoning to end, which only vLLM's scheduler follows)."""
     return (settings.wedlm and not settings.fixed_window_rows
             and not vllm_config.structured_outputs_config.reasoning_parser)

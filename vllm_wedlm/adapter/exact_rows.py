@@ -141,6 +141,30 @@ class ExactRows(RowLayout):
         positions = self.step_positions[self.logits_indices] + next_token  # [N]
         return torch.from_numpy(positions).to(self.device, non_blocking=True)
 
+    def end_thinking(self, logits: torch.Tensor | None) -> torch.Tensor | None:
+        """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
+        request with a ``thinking_token_budget`` decodes AR (``config.decodes_ar``), and vLLM's own
+        budget state (its input batch's, which follows the batch) forces the end of its thinking at
+        its next-token row once the budget is spent. Its state reads the requests' output lists
+        every step, as vLLM's sampler has it do."""
+        holder = self.runner.input_batch.thinking_budget_state_holder
+        if holder is None or not holder.has_tracked_requests():
+            return logits
+        lists = self.runner.input_batch.req_output_token_ids
+        holder.update_state(lists, None)
+        requests = np.flatnonzero(self.step.ar_next)  # [Ba]: one next-token row each
+        if logits is None or not len(requests):
+            return logits
+        rows = first_logits_rows(self.step)[requests]  # [Ba]
+        row_index = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        request_index = torch.from_numpy(requests).to(self.device, non_blocking=True)
+        batch = logits.new_zeros(len(lists), logits.shape[1], dtype=torch.float32)  # [num_reqs, V], batch order
+        batch[request_index] = logits[row_index].float()
+        batch = holder.apply_to_logits(batch, predict_bonus_token=False, spec_token_ids=None)
+        logits = logits.to(torch.float32, copy=True)  # float32 as vLLM's sampler; the raw rows stay for log-probs
+        logits[row_index] = batch[request_index]
+        return logits
+
     def row_contexts(self, row_requests: np.ndarray) -> list[RowContext]:
         # The host's windows are still the ones forwarded now. A row's context is its request's
         # output list (which holds a plain window's leading run, returned before its forward), then
@@ -182,12 +206,18 @@ class ExactRows(RowLayout):
             first_row = first_logits_rows(step)
             apply_grammar(logits, self.grammar_output,
                           {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
-        grammar = np.fromiter((s.grammar for s in states), bool, num_reqs) & step.window  # [B]: grammar_rows.py
+        follows_grammar = np.fromiter((s.grammar for s in states), bool, num_reqs)  # [B]: grammar_rows.py
+        grammar = follows_grammar & step.window & ~step.lossless  # [B]: plain windows under a grammar
+        verified_grammar = follows_grammar & step.window & step.lossless  # [B]: lossless ones
+        first_grammar = follows_grammar & step.first_token  # [B]: a lossless request's first token
         if logits is not None and grammar.any():
             self.mask_first_slots(logits, np.flatnonzero(grammar & (step.num_logits > step.num_checks)))
+        if logits is not None and (verified_grammar.any() or first_grammar.any()):
+            self.mask_ar_rows(logits, verified_grammar, first_grammar)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
+        logits = self.end_thinking(logits)
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.
@@ -300,6 +330,8 @@ class ExactRows(RowLayout):
         sampled = np.full((num_reqs, width), -1, dtype=np.int32)
         sampled[early] = np.where(columns < run_len[early, None], host.input_ids[step.slots[early], :width], -1)
         sampled[verified_rows] = np.where(columns < lossless_commit[:, None], lossless_runs[:, :width], -1)
+        if verified_grammar.any():
+            self.follow_verified_runs(np.flatnonzero(verified_rows), lossless_runs, lossless_commit, verified_grammar)
         sampled[step.ar_next, 0] = ar_tokens
         for row in np.flatnonzero(step.window | new):
             states[row].has_window = True
@@ -385,6 +417,38 @@ class ExactRows(RowLayout):
         first_mask_row = first_logits_rows(step)[rows] + step.num_checks[rows]  # masks follow a window's checks
         masks = self.runner.wedlm_grammars.masks([step.req_ids[i] for i in rows])
         apply_masks(logits, masks, first_mask_row.tolist())
+
+    def mask_ar_rows(self, logits: torch.Tensor, windows: np.ndarray, first: np.ndarray) -> None:
+        """Mask the AR rows of lossless requests under a grammar, which draw every token they commit:
+        each verification row of the windows at ``windows`` ([B] bool) with the grammar's mask after
+        the window's leading run up to its slot, and the first-token row of the requests at ``first``
+        ([B] bool) with the grammar's first mask (``grammar_rows.py``)."""
+        step, host, grammars = self.step, self.table.host, self.runner.wedlm_grammars
+        first_row = first_logits_rows(step)  # [B]: a lossless window's check rows come first
+        masks, indices = [], []
+        for row in np.flatnonzero(windows):
+            run = host.input_ids[step.slots[row], : step.num_checks[row]].tolist()  # logical order
+            masks.append(grammars.masks_along(step.req_ids[row], run))
+            indices.extend(range(first_row[row], first_row[row] + len(run)))
+        rows = np.flatnonzero(first)
+        if len(rows):
+            masks.append(grammars.masks([step.req_ids[row] for row in rows]))
+            indices.extend(first_row[rows].tolist())
+        apply_masks(logits, torch.cat(masks), indices)
+
+    def follow_verified_runs(self, rows: np.ndarray, runs: np.ndarray, commit: np.ndarray,
+                             grammar: np.ndarray) -> None:
+        """Advance the grammar of each lossless window under one (``grammar`` [B] bool) among the
+        step's verified windows (batch ``rows`` [Bl], their leading runs ``runs`` [Bl, C] and verified
+        lengths ``commit`` [Bl]) by the run it returns now: drawn under its masks, the grammar takes
+        it whole (past its end, tokens after the stop token: vLLM stops the request there)."""
+        grammars = self.runner.wedlm_grammars
+        for k, row in enumerate(rows):
+            if grammar[row]:
+                run = runs[k, : commit[k]].tolist()
+                if grammars.accepted(self.step.req_ids[row], run) != len(run):
+                    raise RuntimeError(f"lossless WeDLM request {self.step.req_ids[row]}: its grammar rejects "
+                                       f"the verified run {run}")
 
     def cut_rejected_fills(self, rows: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray) -> None:
         """Cut the leading run of each next window at ``rows`` ([G], batch rows; its slot and W among

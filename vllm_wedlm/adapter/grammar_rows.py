@@ -1,13 +1,19 @@
 """Structured outputs (a JSON schema, a regex, a choice, a grammar, a tool call) in a WeDLM step.
 
-Two ways, by request (``config.decodes_ar``):
+Three ways, by request (``config.decodes_ar``):
 
-* **Decoded AR** (a lossless request, which then gives AR's output exactly; any request on an engine
-  of fixed window rows, or with a reasoning parser): the scheduler gives it no window, and vLLM's
-  structured-output manager computes one grammar mask for it per step, as for any AR request. vLLM's
-  runner would apply the masks at its own row layout (one row per request plus its drafts), which a
-  WeDLM step does not have, so the runner hands the masks to the layout, and ``apply_grammar`` applies
-  each at its request's next-token row, with xgrammar's kernel as vLLM does.
+* **Decoded AR** (a per-request AR one; any request on an engine of fixed window rows, or with a
+  reasoning parser): the scheduler gives it no window, and vLLM's structured-output manager
+  computes one grammar mask for it per step, as for any AR request. vLLM's runner would apply the
+  masks at its own row layout (one row per request plus its drafts), which a WeDLM step does not
+  have, so the runner hands the masks to the layout, and ``apply_grammar`` applies each at its
+  request's next-token row, with xgrammar's kernel as vLLM does.
+* **In lossless windows** (a lossless request on an engine of exact window rows): every token it
+  commits is an AR row's draw, so each verification row gets the grammar's mask after the window's
+  leading run up to it (``WindowGrammars.masks_along``, as vLLM masks draft tokens), and the first
+  token its prompt's last row draws gets the grammar's first mask; the fills are drawn freely and
+  verified. Its output is AR's under the grammar, token for token (greedy), at several tokens per
+  forward where the model's fills pass.
 * **In windows** (a plain WeDLM request on an engine of exact window rows): its window's first
   undecided slot, whose context is exactly the request's output, is drawn under the grammar's mask
   and always filled, so each step returns at least one token, and valid; the fills right of it are
@@ -105,14 +111,35 @@ class WindowGrammars:
                 grammar.fill_bitmask(bitmask, index)
         return bitmask
 
+    def masks_along(self, req_id: str, run: list[int]) -> torch.Tensor:
+        """[len(run), words] int32: for each token of ``run`` (a lossless window's leading run, which
+        the grammar has not followed yet), the mask of the token after it, with the grammar following
+        the run up to it, as vLLM masks a request's draft tokens. From a token the grammar rejects on,
+        and once it has terminated, every token is allowed (as vLLM fills them): the verification
+        stops before such rows, whose draws are dropped. The grammar ends where it began."""
+        grammar = self._grammars[req_id]
+        bitmask = self._manager.backend.allocate_token_bitmask(len(run))  # every token allowed
+        kept = [] if grammar.is_terminated() else grammar.validate_tokens(run)  # no advance
+        advanced = 0
+        for index, token in enumerate(kept):
+            grammar.accept_tokens(req_id, [token])  # validated: it advances
+            advanced += 1
+            if grammar.is_terminated():
+                break
+            grammar.fill_bitmask(bitmask, index)
+        if advanced:
+            grammar.rollback(advanced)
+        return bitmask
+
     def accepted(self, req_id: str, run: list[int]) -> int:
         """How many tokens of ``run`` (what a step would return) the request's grammar accepts, in
-        order; it advances by them. After the grammar has terminated it takes the run whole, as vLLM
-        leaves a terminated request's rows unmasked."""
+        order; it advances by them. Once the grammar has terminated (at a stop token, where vLLM
+        ends the request unless it ignores EOS) it takes the rest of the run whole, as vLLM leaves a
+        terminated request's rows unmasked."""
         grammar = self._grammars[req_id]
         if grammar.is_terminated():
             return len(run)
         kept = grammar.validate_tokens(run)
         if kept:
             grammar.accept_tokens(req_id, kept)
-        return len(kept)
+        return len(run) if grammar.is_terminated() else len(kept)

@@ -144,7 +144,7 @@ class WeDLMRunnerMixin:
         state = self.wedlm_requests.get(req_id)
         if state is None:
             sampling = self.requests[req_id].sampling_params
-            autoregressive = decodes_ar(sampling, self.wedlm, self.wedlm_grammar_windows)
+            autoregressive = decodes_ar(sampling, self.wedlm_grammar_windows)
             if not autoregressive and sampling.structured_outputs is not None:
                 self.wedlm_grammars.add(req_id, sampling)
             state = RequestState(slot=self.wedlm_table.allocate(),

@@ -81,7 +81,7 @@ class WeDLMScheduler(Scheduler):
                        if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
 
     def _decodes_ar(self, request) -> bool:
-        return decodes_ar(request.sampling_params, self.wedlm, self._grammar_windows)
+        return decodes_ar(request.sampling_params, self._grammar_windows)
 
     def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
         # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
