@@ -139,6 +139,11 @@ CONTRACT: dict[str, dict[str, Member]] = {
     "vllm.v1.worker.block_table:MultiGroupBlockTable": {
         "compute_slot_mapping": _call("self", "num_reqs", "query_start_loc", "positions"),
     },
+    "vllm.v1.sample.thinking_budget_state:ThinkingBudgetStateHolder": {  # ExactRows.end_thinking
+        "has_tracked_requests": _call("self"),
+        "update_state": _call("self", "output_token_ids", "spec_token_ids", "repeat_indices"),
+        "apply_to_logits": _call("self", "logits", "predict_bonus_token", "spec_token_ids"),
+    },
     "vllm.v1.spec_decode.metrics:SpecDecodingStats": {"new": _call("num_spec_tokens")},
     "vllm.v1.spec_decode.metrics:SpecDecodingProm": {
         "__init__": _call("self", "speculative_config", "labelnames", "per_engine_labelvalues", "is_diffusion"),
