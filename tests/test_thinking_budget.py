@@ -8,8 +8,6 @@ engine's, beside WeDLM requests without one, which must not change. An engine of
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from conftest import build_checkpoint
@@ -42,18 +40,12 @@ def runs(tmp_path_factory):
     runs: dict = {"path": path}
     # vLLM's V2 model runner, its default for this model on a GPU, refuses thinking budgets ("not yet
     # supported"); its V1 runner serves them (a WeDLM engine always runs on V1).
-    previous = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
         with running_llm(path, dtype="float32", additional_config={"decoding": "ar"}, reasoning_parser="qwen3") as ar:
             runs["end"] = ar.get_tokenizer().encode("</think>", add_special_tokens=False)
             for budget in BUDGETS:
                 runs[f"engine_{budget}"] = token_ids(ar.generate(PROMPTS, params(budget), use_tqdm=False))
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER")
-        else:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = previous
     config = {"decoding": "wedlm", "window_size": 8}
     with running_llm(path, dtype="float32", additional_config=config, reasoning_parser="qwen3") as llm:
         runs["plain_alone"] = token_ids(llm.generate(PROMPTS, params(None), use_tqdm=False))

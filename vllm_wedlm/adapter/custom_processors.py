@@ -22,7 +22,7 @@ order, ``core/sampling.py``, is not vLLM's anyway).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -64,21 +64,36 @@ def ranks(row_requests: np.ndarray) -> np.ndarray:
     return rank
 
 
+def edit_in_batch_order(logits: torch.Tensor, rows: np.ndarray, requests: np.ndarray, num_reqs: int,
+                        edit: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``logits`` [N, V] with ``edit`` applied to its ``rows`` [n] in place. ``edit`` takes one row
+    per request of the persistent batch, as vLLM's logits processors do ([num_reqs, V]); the rows
+    belong to its distinct ``requests`` [n], and the other requests lend all-zero rows whose result
+    is dropped."""
+    device = logits.device
+    row_index = torch.from_numpy(rows).to(device, non_blocking=True)
+    request_index = torch.from_numpy(requests).to(device, non_blocking=True)
+    batch = logits.new_zeros(num_reqs, logits.shape[1])  # [num_reqs, V], persistent batch order
+    batch[request_index] = logits[row_index]
+    logits[row_index] = edit(batch)[request_index].to(logits.dtype)
+    return logits
+
+
 def apply_custom(processors: Sequence, logits: torch.Tensor, row_requests: np.ndarray,
                  contexts: Sequence[RowContext], output_lists: Sequence[list[int] | None]) -> torch.Tensor:
     """``logits`` [N, V] float32 with ``processors`` applied to every row, round by round (module
     docstring). ``row_requests`` [N]: each row's index into the persistent batch, whose requests'
     output lists are ``output_lists`` [num_reqs] (vLLM's ``InputBatch.req_output_token_ids``, the
     very lists the processors hold); ``contexts`` [N]: each row's context (``RowContext``)."""
-    num_reqs, device = len(output_lists), logits.device
+    def apply_all(batch: torch.Tensor) -> torch.Tensor:
+        for processor in processors:
+            batch = processor.apply(batch)
+        return batch
+
     rank = ranks(row_requests)
     for k in range(int(rank.max(initial=-1)) + 1):
         rows = np.flatnonzero(rank == k)  # at most one per request
         requests = row_requests[rows]
-        row_index = torch.from_numpy(rows).to(device, non_blocking=True)
-        request_index = torch.from_numpy(requests).to(device, non_blocking=True)
-        batch = logits.new_zeros(num_reqs, logits.shape[1])  # [num_reqs, V], persistent batch order
-        batch[request_index] = logits[row_index]
         restore = []  # (list, length to cut back to, its tokens from there)
         try:
             for row, request in zip(rows.tolist(), requests.tolist(), strict=True):
@@ -86,11 +101,9 @@ def apply_custom(processors: Sequence, logits: torch.Tensor, row_requests: np.nd
                 restore.append((tokens, keep, tokens[keep:]))
                 del tokens[keep:]
                 tokens.extend(extra)
-            for processor in processors:
-                batch = processor.apply(batch)
+            logits = edit_in_batch_order(logits, rows, requests, len(output_lists), apply_all)
         finally:
             for tokens, keep, tail in restore:
                 del tokens[keep:]
                 tokens.extend(tail)
-        logits[row_index] = batch[request_index].to(logits.dtype)
     return logits

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
-from vllm_wedlm.adapter.custom_processors import RowContext
+from vllm_wedlm.adapter.custom_processors import RowContext, edit_in_batch_order
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
@@ -136,10 +136,13 @@ class ExactRows(RowLayout):
         return torch.from_numpy(self.table.host.committed_len[slots]).to(self.device, non_blocking=True)
 
     def row_positions(self) -> torch.Tensor:
+        return torch.from_numpy(self.host_row_positions()).to(self.device, non_blocking=True)
+
+    def host_row_positions(self) -> np.ndarray:
+        """[N] int64: ``row_positions``, on the host."""
         step = self.step
         next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
-        positions = self.step_positions[self.logits_indices] + next_token  # [N]
-        return torch.from_numpy(positions).to(self.device, non_blocking=True)
+        return self.step_positions[self.logits_indices] + next_token
 
     def end_thinking(self, logits: torch.Tensor | None) -> torch.Tensor | None:
         """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
@@ -155,23 +158,17 @@ class ExactRows(RowLayout):
         requests = np.flatnonzero(self.step.ar_next)  # [Ba]: one next-token row each
         if logits is None or not len(requests):
             return logits
-        rows = first_logits_rows(self.step)[requests]  # [Ba]
-        row_index = torch.from_numpy(rows).to(self.device, non_blocking=True)
-        request_index = torch.from_numpy(requests).to(self.device, non_blocking=True)
-        batch = logits.new_zeros(len(lists), logits.shape[1], dtype=torch.float32)  # [num_reqs, V], batch order
-        batch[request_index] = logits[row_index].float()
-        batch = holder.apply_to_logits(batch, predict_bonus_token=False, spec_token_ids=None)
         logits = logits.to(torch.float32, copy=True)  # float32 as vLLM's sampler; the raw rows stay for log-probs
-        logits[row_index] = batch[request_index]
-        return logits
+        return edit_in_batch_order(logits, first_logits_rows(self.step)[requests], requests, len(lists),
+                                   lambda batch: holder.apply_to_logits(batch, predict_bonus_token=False,
+                                                                        spec_token_ids=None))
 
     def row_contexts(self, row_requests: np.ndarray) -> list[RowContext]:
         # The host's windows are still the ones forwarded now. A row's context is its request's
         # output list (which holds a plain window's leading run, returned before its forward), then
         # the window's slots up to the row in logical order: fills, and the mask id where undecided.
         step, host = self.step, self.table.host
-        next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
-        positions = (self.step_positions[self.logits_indices] + next_token).tolist()  # [N]
+        positions = self.host_row_positions().tolist()  # [N]
         output_start = self.prompt_lengths()  # [B]: the position of each request's first output token
         lists = self.runner.input_batch.req_output_token_ids
         windows: dict[int, np.ndarray] = {}  # batch row -> its window's tokens in logical order
