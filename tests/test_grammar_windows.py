@@ -149,3 +149,33 @@ def test_windows_under_a_grammar_survive_preemption():
         assert (preemptions > 0) == (kv_tokens < 16 * max_model_len), preemptions
     assert texts[1] == texts[0]
     assert all(obeys("own", text) for text in texts[1])
+
+
+def test_fixed_window_rows_give_the_exact_rows_output():
+    """Fixed window rows (the async engine's layout: a window's rows come from the device table, so
+    the host never knows where its first mask is) mask that mask's row and cut each run where the
+    grammar rejects a fill on the device's say, as exact rows do on the host's: greedy output is
+    the same, token for token, plain and lossless, where the grammar takes the model's fills (its
+    own format) and where it rejects most of them (another word, JSON), in one mixed batch with
+    unconstrained requests; and under its own format windows still commit several tokens per forward."""
+    tasks = held_out_tasks(PER_KIND, ("arithmetic",), max_number=trained_max_number(str(MICRO_CHECKPOINT)))
+    kinds = [(name, lossless) for name in ("own", "other", "json") for lossless in (False, True)] + [(None, False)]
+    outputs = {}
+    for fixed_rows in (False, True):
+        config = {"decoding": "wedlm", "window_size": 8, "fixed_window_rows": fixed_rows}
+        with running_llm(MICRO_CHECKPOINT, dtype="float32", additional_config=config,
+                         structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True}) as llm:
+            prompts = [chat_prompt(llm.get_tokenizer(), task) for task in tasks["arithmetic"]]
+            before = request_forwards(llm)
+            own = llm.generate(prompts, params(CONSTRAINTS["own"][1]), use_tqdm=False)
+            tokens_per_forward = sum(len(o.outputs[0].token_ids) for o in own) / (request_forwards(llm) - before)
+            batch = [params(CONSTRAINTS[name][1] if name else None, extra_args={"wedlm_lossless": lossless})
+                     for name, lossless in kinds]
+            mixed = llm.generate([p for p in prompts for _ in kinds], batch * len(prompts), use_tqdm=False)
+        outputs[fixed_rows] = ([list(o.outputs[0].token_ids) for o in own],
+                               [list(o.outputs[0].token_ids) for o in mixed])
+        assert tokens_per_forward > 3.0, (fixed_rows, tokens_per_forward)
+        for k, (name, _) in enumerate(kinds):
+            texts = [o.outputs[0].text for o in mixed[k::len(kinds)]]
+            assert name is None or all(obeys(name, text) for text in texts), (fixed_rows, name, texts)
+    assert outputs[True] == outputs[False]

@@ -1,11 +1,11 @@
 """Structured outputs in WeDLM mode (adapter/grammar_rows.py) with a choice, a regex, a JSON schema or
 a grammar. A per-request AR request is decoded AR under vLLM's own grammar masks, so it gives
-exactly what an ``--decoding ar`` engine gives, and so does every request on an engine of fixed
-window rows. On an engine of exact window rows a lossless request decodes in windows whose
-verification rows are masked along the run, which must give the AR engine's output too, token for
-token; a plain one decodes in windows under the grammar: its output obeys the constraint.
-Unconstrained WeDLM requests beside them do not change. tests/test_grammar_windows.py has windows
-under a grammar on the trained micro model."""
+exactly what an ``--decoding ar`` engine gives. A lossless request decodes in windows whose
+verification rows are masked along the run, on exact window rows and on fixed ones (the async
+engine's), which must give the AR engine's output too, token for token; a plain one decodes in
+windows under the grammar: its output obeys the constraint. Unconstrained WeDLM requests beside
+them do not change. tests/test_grammar_windows.py has windows under a grammar on the trained micro
+model, and fixed rows equal to exact ones there."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def texts(outputs) -> list[tuple[str, list[int]]]:
 def runs(request, tmp_path_factory):
     variant, fixed_rows = request.param
     path = build_checkpoint(tmp_path_factory.mktemp("structured"), TinySpec(variant=variant, logit_scale=30.0))
-    runs: dict = {"windows_take_grammars": not fixed_rows}
+    runs: dict = {}
     budget = {"json": 64}  # room to close the object
     with running_llm(path, additional_config={"decoding": "ar"}, **ENGINE) as ar:
         for name in CONSTRAINTS:
@@ -74,8 +74,7 @@ def runs(request, tmp_path_factory):
 
 @pytest.mark.parametrize("name", CONSTRAINTS)
 def test_lossless_and_ar_modes_give_the_ar_engines_constrained_output(runs, name):
-    exact = ["lossless", "ar"] if runs["windows_take_grammars"] else list(MODES)
-    for mode in exact:
+    for mode in ("lossless", "ar"):
         assert runs[f"{mode}_{name}"] == runs[f"engine_{name}"], mode
     assert runs[f"free_{name}"] == runs["free"]  # unconstrained requests beside them do not change
 

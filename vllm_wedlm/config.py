@@ -233,7 +233,7 @@ def decodes_ar(sampling_params, grammar_windows: bool) -> bool:
     """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
     (``wedlm_decoding: "ar"``), or for a ``thinking_token_budget``, or for structured outputs (a
     grammar, a JSON schema, a tool call) on an engine whose windows do not take them
-    (``grammar_windows`` False, ``grammar_in_windows``). Elsewhere a WeDLM request with structured
+    (``grammar_windows`` False, ``grammar_in_windows``: a reasoning parser). Elsewhere a WeDLM request with structured
     outputs, plain or lossless, decodes in windows (``adapter/grammar_rows.py``)."""
     extra_args = sampling_params.extra_args if sampling_params is not None else None
     if request_decoding(extra_args) == "ar":
@@ -246,11 +246,10 @@ def decodes_ar(sampling_params, grammar_windows: bool) -> bool:
 
 
 def grammar_in_windows(settings: WeDLMSettings, vllm_config) -> bool:
-    """Whether WeDLM windows (plain and lossless) decode structured outputs on this engine: exact
-    window rows (the host knows each window around its step, to mask and check it), and no reasoning
-    parser (whose grammar waits for the reasoning to end, which only vLLM's scheduler follows)."""
-    return (settings.wedlm and not settings.fixed_window_rows
-            and not vllm_config.structured_outputs_config.reasoning_parser)
+    """Whether WeDLM windows (plain and lossless) decode structured outputs on this engine: a WeDLM
+    engine with no reasoning parser (whose grammar waits for the reasoning to end, which only vLLM's
+    scheduler follows). Exact window rows and fixed ones both take them (``adapter/grammar_rows.py``)."""
+    return settings.wedlm and not vllm_config.structured_outputs_config.reasoning_parser
 
 
 def request_decoding(extra_args: dict | None) -> str:

@@ -7,6 +7,12 @@ gathered from the device table, and a step's WeDLM work (``window_step.fixed_row
 reads and writes only that table: no device-to-host copy, so the host runs ahead. What a step
 returns (each window's leading run, an AR request's draw) goes back as vLLM's sampled tokens, a
 device tensor that vLLM copies to the host after the next step is launched.
+
+A window under a structured output's grammar (``grammar_rows.py``) is the exception: its rows are
+masked where the device says they are, but the grammar lives on the host, which must see each run
+the step returns to cut it where the grammar rejects a fill (plain) or to follow it (lossless),
+before vLLM does. Such a step waits for its device work once; vLLM's async engine already defers
+the sampling of a step with a structured output until the step before has come back.
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
-from vllm_wedlm.adapter.grammar_rows import apply_grammar
+from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
-from vllm_wedlm.adapter.window_step import check_rows, leading_runs
+from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs
 from vllm_wedlm.config import max_window_tokens
-from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows
+from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
 from vllm_wedlm.core.sampling import sample
 
 if TYPE_CHECKING:
@@ -236,6 +242,12 @@ class FixedRows(RowLayout):
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
             apply_grammar(logits, self.grammar_output, {step.req_ids[i]: num_window_logits + k
                                                         for k, i in enumerate(draw_rows) if step.ar_next[i]})
+        follows_grammar = np.fromiter((s.grammar for s in states), bool, num_reqs)  # [B]: grammar_rows.py
+        grammar = follows_grammar & step.window & ~step.lossless  # [B]: plain windows under a grammar
+        verified_grammar = follows_grammar & step.window & step.lossless  # [B]: lossless ones
+        first_grammar = follows_grammar & step.first_token  # [B]: a lossless request's first token
+        if logits is not None and (grammar | verified_grammar | first_grammar).any():
+            self.mask_grammar_rows(logits, grammar, verified_grammar, first_grammar, draw_rows)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
@@ -255,9 +267,14 @@ class FixedRows(RowLayout):
                 self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window,
                                  states)
             runner.wedlm_window_step_runs["steps"] += 1
-            *windows, order, committed_len, sampled, void = self.window_step(
-                table.windows, table.order, w_slots, window_logits, tokens, run, start, rows, table.entropy_threshold,
-                table.pos_penalty, self.window_sizes, self.max_model_len, mask_id, rows_per_window, w_lossless)
+            arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
+                         table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len, mask_id,
+                         rows_per_window, w_lossless)
+            if grammar.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
+                fill_first = torch.from_numpy(grammar[window_rows]).to(self.device, non_blocking=True)  # [Bw]
+                *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
+            else:
+                *windows, order, committed_len, sampled, void = self.window_step(*arguments)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
             if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
                 self.void_windows = self.void_windows + void.sum()
@@ -285,6 +302,8 @@ class FixedRows(RowLayout):
                     self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
             sampled = every
             self.start_after_prefill(step, new, resumed, sampled, first_tokens)
+        if (grammar | verified_grammar).any():
+            self.follow_grammars(sampled, grammar, verified_grammar)
         logprobs = None
         if wants.any():
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
@@ -294,6 +313,78 @@ class FixedRows(RowLayout):
             states[row].has_window = True
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
+
+    def window_index(self, rows: np.ndarray) -> torch.Tensor:
+        """[k] device: the index among the step's windows of each window at batch ``rows`` ([k])."""
+        return torch.from_numpy(np.cumsum(self.step.window)[rows] - 1).to(self.device, non_blocking=True)
+
+    def mask_grammar_rows(self, logits: torch.Tensor, plain: np.ndarray, verified: np.ndarray, first: np.ndarray,
+                          draw_rows: np.ndarray) -> None:
+        """Mask ``logits`` [N, V] where windows under a grammar draw (``grammar_rows.py``), as exact rows
+        do: the first mask of each ``plain`` window ([B] bool) with its grammar's next-token mask
+        (filled slots come first in a window's rows, so that mask is its row ``filled - run`` of R;
+        a window whose first mask has no row this step is void and fills nothing); each
+        verification row of a ``verified`` (lossless) window with the grammar's mask along its
+        leading run, read back from the device table; the first-token row of each ``first``
+        request ([B] bool; ``draw_rows`` [Bd], the draws' batch rows, after the windows' rows)."""
+        step, table, grammars, device = self.step, self.table, self.runner.wedlm_grammars, self.device
+        r = self.rows_per_window
+        w_slots, run, _, rows, *_ = self.forwarded
+        masks, indices = [], []  # [n, words] int32 each; [n] device rows
+        if plain.any():
+            window = self.window_index(np.flatnonzero(plain))  # [G]
+            planned = table.windows.rows(w_slots[window])
+            k = planned.filled.sum(1) - run[window]  # [G]: the first mask's logits row in its window
+            has_row = (k < r) & (planned.length <= rows[window])  # [G]
+            own = grammars.masks([step.req_ids[i] for i in np.flatnonzero(plain)]).to(device, non_blocking=True)
+            masks.append(torch.where(has_row[:, None], own, -1))  # -1: every token (a void window's row)
+            indices.append(window * r + torch.where(has_row, k, r - 1))
+        if verified.any():
+            batch_rows = np.flatnonzero(verified)
+            window = self.window_index(batch_rows)
+            planned = table.windows.rows(w_slots[window])
+            tokens, lead = planned.tokens.cpu().numpy(), leading_filled(planned.filled).cpu().numpy()  # one sync
+            for j, row in enumerate(batch_rows):
+                run_tokens = tokens[j, : min(int(lead[j]), r)].tolist()  # logical order = its first rows
+                masks.append(grammars.masks_along(step.req_ids[row], run_tokens))
+                indices.append(window[j] * r + torch.arange(len(run_tokens), device=device))
+        if first.any():
+            at = np.flatnonzero(first[draw_rows])  # positions among the draws
+            masks.append(grammars.masks([step.req_ids[i] for i in draw_rows[at]]))
+            indices.append(torch.from_numpy(len(np.flatnonzero(step.window)) * r + at).to(device))
+        apply_masks(logits, torch.cat([m.to(device) for m in masks]), torch.cat(indices))
+
+    def follow_grammars(self, sampled: torch.Tensor, plain: np.ndarray, verified: np.ndarray) -> None:
+        """Bring back the run each window under a grammar returns (``sampled`` [B, width], device; the
+        step waits for it here) and advance its grammar by it: a ``plain`` window's ([B] bool) is cut
+        at its first fill the grammar rejects, which becomes a mask again (``core.batch.reopen``), and
+        the window is planned anew in the table; a ``verified`` (lossless) window's was drawn under
+        the grammar's masks, which takes it whole (as in ``exact_rows.follow_verified_runs``)."""
+        step, grammars, device = self.step, self.runner.wedlm_grammars, self.device
+        batch_rows = np.flatnonzero(plain | verified)
+        runs = sampled[torch.from_numpy(batch_rows).to(device)].cpu().numpy()  # [G, width], -1 after each run
+        cut_rows, cut_at = [], []
+        for run_tokens, row in zip(runs, batch_rows, strict=True):
+            run_tokens = run_tokens[run_tokens >= 0].tolist()
+            kept = grammars.accepted(step.req_ids[row], run_tokens)
+            if verified[row] and kept != len(run_tokens):
+                raise RuntimeError(f"lossless WeDLM request {step.req_ids[row]}: its grammar rejects the verified "
+                                   f"run {run_tokens}")
+            if kept < len(run_tokens):
+                cut_rows.append(row)
+                cut_at.append(kept)
+        if not cut_rows:
+            return
+        table = self.table
+        window = self.window_index(np.array(cut_rows))  # [K]
+        slots, at = self.forwarded[0][window], torch.tensor(cut_at, device=device)  # [K] each
+        committed_len = table.committed_len[slots]
+        plan = plan_windows(reopen(table.windows.rows(slots), at, self.mask_id), self.window_sizes[window],
+                            committed_len, self.max_model_len)
+        table.keep(slots, plan.windows, plan.order, committed_len)
+        cut = torch.tensor(cut_rows, device=device)
+        columns = torch.arange(sampled.shape[1], device=device)[None]  # [1, width]
+        sampled[cut] = torch.where(columns < at[:, None], sampled[cut], -1)
 
     def write_fills(self, raw_logits: torch.Tensor, tokens: torch.Tensor, plain_logprobs: np.ndarray,
                     rows_per_window: int, states: list) -> None:

@@ -2,26 +2,30 @@
 
 Three ways, by request (``config.decodes_ar``):
 
-* **Decoded AR** (a per-request AR one; any request on an engine of fixed window rows, or with a
-  reasoning parser): the scheduler gives it no window, and vLLM's structured-output manager
-  computes one grammar mask for it per step, as for any AR request. vLLM's runner would apply the
-  masks at its own row layout (one row per request plus its drafts), which a WeDLM step does not
-  have, so the runner hands the masks to the layout, and ``apply_grammar`` applies each at its
-  request's next-token row, with xgrammar's kernel as vLLM does.
-* **In lossless windows** (a lossless request on an engine of exact window rows): every token it
-  commits is an AR row's draw, so each verification row gets the grammar's mask after the window's
-  leading run up to it (``WindowGrammars.masks_along``, as vLLM masks draft tokens), and the first
-  token its prompt's last row draws gets the grammar's first mask; the fills are drawn freely and
-  verified. Its output is AR's under the grammar, token for token (greedy), at several tokens per
-  forward where the model's fills pass.
-* **In windows** (a plain WeDLM request on an engine of exact window rows): its window's first
-  undecided slot, whose context is exactly the request's output, is drawn under the grammar's mask
-  and always filled, so each step returns at least one token, and valid; the fills right of it are
-  drawn freely, and the run the step returns is cut at its first fill the grammar rejects, which
-  becomes a mask again (``core.batch.reopen``). The grammar must follow the run as the step decides
-  it, on the runner's side, so the runner keeps its own matcher per request (``WindowGrammars``),
-  compiled by vLLM's structured-output backend from the request's own parameters, as the scheduler's
-  is; vLLM's scheduler still advances its own matcher by the tokens returned, which it accepts.
+* **Decoded AR** (a per-request AR one; any request on an engine with a reasoning parser): the
+  scheduler gives it no window, and vLLM's structured-output manager computes one grammar mask for
+  it per step, as for any AR request. vLLM's runner would apply the masks at its own row layout
+  (one row per request plus its drafts), which a WeDLM step does not have, so the runner hands the
+  masks to the layout, and ``apply_grammar`` applies each at its request's next-token row, with
+  xgrammar's kernel as vLLM does.
+* **In lossless windows** (a lossless request): every token it commits is an AR row's draw, so
+  each verification row gets the grammar's mask after the window's leading run up to it
+  (``WindowGrammars.masks_along``, as vLLM masks draft tokens), and the first token its prompt's
+  last row draws gets the grammar's first mask; the fills are drawn freely and verified. Its output
+  is AR's under the grammar, token for token (greedy), at several tokens per forward where the
+  model's fills pass.
+* **In windows** (a plain WeDLM request): its window's first undecided slot, whose context is
+  exactly the request's output, is drawn under the grammar's mask and always filled, so each step
+  returns at least one token, and valid; the fills right of it are drawn freely, and the run the
+  step returns is cut at its first fill the grammar rejects, which becomes a mask again
+  (``core.batch.reopen``). The grammar must follow the run as the step decides it, on the runner's
+  side, so the runner keeps its own matcher per request (``WindowGrammars``), compiled by vLLM's
+  structured-output backend from the request's own parameters, as the scheduler's is; vLLM's
+  scheduler still advances its own matcher by the tokens returned, which it accepts.
+
+Both row layouts do this (``exact_rows.py``, ``fixed_rows.py``): exact rows know each window on the
+host; fixed rows (async scheduling) mask the rows the device table points at, and bring each run of
+such a window back to the host before returning it, to cut or follow it.
 """
 
 from __future__ import annotations
@@ -49,14 +53,20 @@ def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) ->
         apply_masks(logits, torch.from_numpy(np.ascontiguousarray(bitmask[chosen])), indices)
 
 
-def apply_masks(logits: torch.Tensor, masks: torch.Tensor, indices: list[int]) -> None:
+def apply_masks(logits: torch.Tensor, masks: torch.Tensor, indices: list[int] | torch.Tensor) -> None:
     """Mask ``logits`` [N, V] in place: row ``indices[k]`` with ``masks[k]`` ([n, words] int32, on
-    the host: xgrammar's packed token bitmask)."""
+    the host or the device: xgrammar's packed token bitmask). ``indices`` may be a device tensor
+    ([n] int64, rows known on the device only: a fixed-rows step's), then no host sync on a GPU."""
     import xgrammar as xgr
 
     masks = masks.to(logits.device, non_blocking=True)  # [n, words]
     full = torch.full((logits.shape[0], masks.shape[1]), -1, dtype=masks.dtype, device=logits.device)
-    row_index = torch.tensor(indices, dtype=torch.long, device=logits.device)
+    if isinstance(indices, torch.Tensor):
+        row_index = indices.to(device=logits.device, dtype=torch.long)
+        if logits.is_cpu:
+            indices = row_index.tolist()
+    else:
+        row_index = torch.tensor(indices, dtype=torch.long, device=logits.device)
     full[row_index] = masks
     if logits.is_cpu and logits.dtype != torch.float32:  # xgrammar's CPU kernel takes float32 (as vLLM does)
         as_float = logits.float()

@@ -74,7 +74,8 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
                            entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor, window_size: torch.Tensor | int,
                            limit: int,
                            mask_id: int, rows_per_window: int | None = None,
-                           lossless: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                           lossless: torch.Tensor | None = None,
+                           fill_first: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """``plain_window_step`` for fixed window rows: finish the windows at ``slots`` ([B] int64) of
     ``table`` ([S, C]) from R = ``rows_per_window`` logits rows each (default W) and plan their next
     forward with W = ``window_size`` ([B], or one int) slots after each leading run.
@@ -83,8 +84,10 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     [B * R] (or None: greedy, drawn here): R rows of each window in physical order, those after its
     leading run ``run`` [B] for a plain window (its masks are among them), its first R for a
     ``lossless`` one ([B] bool, or None: none is), whose leading run's rows verify its fills
-    (``core.batch.verify_dense``; R must then cover the window, 2W); ``start`` [B]: tokens before each
-    window; ``rows`` [B]: the rows each window forwarded. A window longer than its rows (the
+    (``core.batch.verify_dense``; R must then cover the window, 2W); ``fill_first`` ([B] bool, or
+    None): windows whose first mask is filled whatever its entropy (a structured output's, drawn
+    under its grammar); ``start`` [B]: tokens before each window; ``rows`` [B]: the rows each window
+    forwarded. A window longer than its rows (the
     scheduler predicted a shorter run) is void: a plain one writes its run's KV (run <= W <= rows),
     fills nothing and goes on with its slots after the run, so its next forward is the one the
     reference decoder runs after this run; a lossless one commits nothing and stays as it is.
@@ -112,7 +115,7 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
         verified, commit = verify_dense(planned, checks, accept, checked, window_size, mask_id)
         commit = torch.where(lossless & void, 0, commit)
     following = fill_masks(planned, commit, entropy, drawn, entropy_threshold[slots], pos_penalty[slots], mask_id,
-                           verified)
+                           verified, fill_first)
     skipped = drop_leading(planned, commit, mask_id)  # a void window: the same slots, none filled
     following = WindowBatch(torch.where(void[:, None], skipped.tokens, following.tokens),
                             torch.where(void[:, None], skipped.filled, following.filled),
