@@ -239,7 +239,7 @@ def decodes_ar(sampling_params, grammar_windows: bool) -> bool:
     if request_decoding(extra_args) == "ar":
         return True
     if sampling_params is not None and sampling_params.thinking_token_budget is not None:
-        return True  # vLLM's budget state follows one token per step (adapter/exact_rows.py)
+        return True  # vLLM's budget state follows one token per step (adapter/row_layout.py)
     if sampling_params is None or sampling_params.structured_outputs is None:
         return False
     return not grammar_windows

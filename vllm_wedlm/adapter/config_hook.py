@@ -74,12 +74,11 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     parallel.worker_cls = WORKER_CLS[platform]
 
     # Per-request validation in the front end (a 400 for unsupported requests, see the module).
-    from vllm_wedlm.adapter.request_validator import FIXED_ROWS_QUALNAME
     from vllm_wedlm.adapter.request_validator import QUALNAME as qualname
 
     model_config = vllm_config.model_config
     custom = [str(getattr(p, "__qualname__", p)) for p in model_config.logits_processors or []
-              if p not in (qualname, FIXED_ROWS_QUALNAME)]
+              if p != qualname]
     if qualname not in (model_config.logits_processors or []):
         model_config.logits_processors = [*(model_config.logits_processors or []), qualname]
     # vLLM 0.26.0 runs an engine with a custom logits processor on its V1 runner (the V2 runner does
@@ -115,9 +114,6 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
                 "--async-scheduling (on a GPU) or drop it")
     if settings.fixed_window_rows:
         refuse_on_fixed_rows(custom)
-        # Its validator also refuses what only exact window rows serve (request_validator.py).
-        model_config.logits_processors = [FIXED_ROWS_QUALNAME if p == qualname else p
-                                          for p in model_config.logits_processors]
     scheduler_cls = FIXED_ROWS_SCHEDULER_CLS if settings.fixed_window_rows else SCHEDULER_CLS
     if scheduler.scheduler_cls not in (None, SCHEDULER_CLS, FIXED_ROWS_SCHEDULER_CLS):
         _refuse(f"a custom scheduler ({scheduler.scheduler_cls}) cannot be combined with it")

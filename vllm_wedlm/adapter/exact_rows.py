@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
-from vllm_wedlm.adapter.custom_processors import RowContext, edit_in_batch_order
+from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
@@ -144,25 +144,6 @@ class ExactRows(RowLayout):
         next_token = ragged_arange(step.num_logits) < np.repeat(step.num_ar_rows, step.num_logits)  # [N]
         return self.step_positions[self.logits_indices] + next_token
 
-    def end_thinking(self, logits: torch.Tensor | None) -> torch.Tensor | None:
-        """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
-        request with a ``thinking_token_budget`` decodes AR (``config.decodes_ar``), and vLLM's own
-        budget state (its input batch's, which follows the batch) forces the end of its thinking at
-        its next-token row once the budget is spent. Its state reads the requests' output lists
-        every step, as vLLM's sampler has it do."""
-        holder = self.runner.input_batch.thinking_budget_state_holder
-        if holder is None or not holder.has_tracked_requests():
-            return logits
-        lists = self.runner.input_batch.req_output_token_ids
-        holder.update_state(lists, None)
-        requests = np.flatnonzero(self.step.ar_next)  # [Ba]: one next-token row each
-        if logits is None or not len(requests):
-            return logits
-        logits = logits.to(torch.float32, copy=True)  # float32 as vLLM's sampler; the raw rows stay for log-probs
-        return edit_in_batch_order(logits, first_logits_rows(self.step)[requests], requests, len(lists),
-                                   lambda batch: holder.apply_to_logits(batch, predict_bonus_token=False,
-                                                                        spec_token_ids=None))
-
     def row_contexts(self, row_requests: np.ndarray) -> list[RowContext]:
         # The host's windows are still the ones forwarded now. A row's context is its request's
         # output list (which holds a plain window's leading run, returned before its forward), then
@@ -214,7 +195,7 @@ class ExactRows(RowLayout):
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
-        logits = self.end_thinking(logits)
+        logits = self.end_thinking(logits, first_logits_rows(step)[step.ar_next])
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.

@@ -3,8 +3,7 @@
 vLLM calls ``validate_params`` of each configured logits processor while it validates a
 request, before the request reaches the engine; a ``ValueError`` there is a 400 for the OpenAI
 server and an exception for ``LLM.generate``, and nothing else is disturbed. The config hook
-registers this class in WeDLM mode (``FixedRowsRequestValidator`` on an engine of fixed window
-rows). It changes no logits: the WeDLM runner samples on its own.
+registers this class in WeDLM mode. It changes no logits: the WeDLM runner samples on its own.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
-FIXED_ROWS_QUALNAME = "vllm_wedlm.adapter.request_validator:FixedRowsRequestValidator"
 
 
 class WeDLMRequestValidator(LogitsProcessor):
@@ -50,16 +48,3 @@ class WeDLMRequestValidator(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         pass
 
-
-class FixedRowsRequestValidator(WeDLMRequestValidator):
-    """The validator of an engine of fixed window rows (async scheduling): also refuses a thinking
-    budget, which a request decodes AR under vLLM's own budget state, reading its output tokens on
-    the host, which fixed window rows do not keep there."""
-
-    @classmethod
-    def validate_params(cls, sampling_params: SamplingParams) -> None:
-        super().validate_params(sampling_params)
-        if sampling_params.thinking_token_budget is not None:
-            raise ValueError("Not supported with --decoding wedlm under async scheduling: thinking_token_budget. "
-                             "A server started with --no-async-scheduling serves it (decoded AR), as does one "
-                             "started with --decoding ar.")

@@ -24,7 +24,7 @@ import torch
 from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
-from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom
+from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom, edit_in_batch_order
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
@@ -225,6 +225,29 @@ class RowLayout:
                                 self.runner.input_batch.req_output_token_ids)
 
         return self.context_edits.apply(logits, states, row_requests, custom) if in_context else custom(logits)
+
+    def end_thinking(self, logits: torch.Tensor | None, next_token_rows: np.ndarray) -> torch.Tensor | None:
+        """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
+        request with a ``thinking_token_budget`` decodes AR (``config.decodes_ar``), and vLLM's own
+        budget state (its input batch's, which follows the batch) forces the end of its thinking at
+        its next-token row (``next_token_rows`` [Ba], one per request at ``step.ar_next``, in batch
+        order) once the budget is spent. Its state reads the requests' output lists every step, as
+        vLLM's sampler has it do; under async scheduling a list ends with placeholders for the step
+        in flight, which vLLM's own call fills from that step's sampled tokens first (it waits for
+        their copy to the host, as vLLM's runner does before penalties or budgets)."""
+        holder = self.runner.input_batch.thinking_budget_state_holder
+        if holder is None or not holder.has_tracked_requests():
+            return logits
+        self.runner.input_batch.update_async_output_token_ids()
+        lists = self.runner.input_batch.req_output_token_ids
+        holder.update_state(lists, None)
+        requests = np.flatnonzero(self.step.ar_next)  # [Ba]: one next-token row each
+        if logits is None or not len(requests):
+            return logits
+        logits = logits.to(torch.float32, copy=True)  # float32 as vLLM's sampler; the raw rows stay for log-probs
+        return edit_in_batch_order(logits, next_token_rows, requests, len(lists),
+                                   lambda batch: holder.apply_to_logits(batch, predict_bonus_token=False,
+                                                                        spec_token_ids=None))
 
     def prompt_lengths(self) -> np.ndarray:
         """[B] int64: the prompt length of each request of the step."""

@@ -139,7 +139,10 @@ CONTRACT: dict[str, dict[str, Member]] = {
     "vllm.v1.worker.block_table:MultiGroupBlockTable": {
         "compute_slot_mapping": _call("self", "num_reqs", "query_start_loc", "positions"),
     },
-    "vllm.v1.sample.thinking_budget_state:ThinkingBudgetStateHolder": {  # ExactRows.end_thinking
+    "vllm.v1.worker.gpu_input_batch:InputBatch": {  # RowLayout.end_thinking, under async scheduling
+        "update_async_output_token_ids": _call("self"),
+    },
+    "vllm.v1.sample.thinking_budget_state:ThinkingBudgetStateHolder": {  # RowLayout.end_thinking
         "has_tracked_requests": _call("self"),
         "update_state": _call("self", "output_token_ids", "spec_token_ids", "repeat_indices"),
         "apply_to_logits": _call("self", "logits", "predict_bonus_token", "spec_token_ids"),
