@@ -195,7 +195,7 @@ class ExactRows(RowLayout):
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
-        logits = self.end_thinking(logits, first_logits_rows(step)[step.ar_next])
+        logits = self.end_thinking(logits, lambda: first_logits_rows(step)[step.ar_next])
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.

@@ -251,7 +251,7 @@ class FixedRows(RowLayout):
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
-        logits = self.end_thinking(logits, num_window_logits + np.flatnonzero(step.ar_next[draw_rows]))
+        logits = self.end_thinking(logits, lambda: num_window_logits + np.flatnonzero(step.ar_next[draw_rows]))
         if step.window.any():
             w_slots, run, start, rows, padded, w_lossless = self.forwarded
             runner.wedlm_request_forwards += len(window_rows)

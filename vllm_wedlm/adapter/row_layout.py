@@ -16,6 +16,7 @@ A layout never changes while the engine runs: the scheduler that matches it is c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -226,15 +227,17 @@ class RowLayout:
 
         return self.context_edits.apply(logits, states, row_requests, custom) if in_context else custom(logits)
 
-    def end_thinking(self, logits: torch.Tensor | None, next_token_rows: np.ndarray) -> torch.Tensor | None:
+    def end_thinking(self, logits: torch.Tensor | None,
+                     next_token_rows: Callable[[], np.ndarray]) -> torch.Tensor | None:
         """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
         request with a ``thinking_token_budget`` decodes AR (``config.decodes_ar``), and vLLM's own
         budget state (its input batch's, which follows the batch) forces the end of its thinking at
-        its next-token row (``next_token_rows`` [Ba], one per request at ``step.ar_next``, in batch
-        order) once the budget is spent. Its state reads the requests' output lists every step, as
-        vLLM's sampler has it do; under async scheduling a list ends with placeholders for the step
-        in flight, which vLLM's own call fills from that step's sampled tokens first (it waits for
-        their copy to the host, as vLLM's runner does before penalties or budgets)."""
+        its next-token row (``next_token_rows()`` [Ba], one per request at ``step.ar_next``, in batch
+        order; asked only in a step with a budget) once the budget is spent. Its state reads the
+        requests' output lists every step, as vLLM's sampler has it do; under async scheduling a
+        list ends with placeholders for the step in flight, which vLLM's own call fills from that
+        step's sampled tokens first (it waits for their copy to the host, as vLLM's runner does
+        before penalties or budgets)."""
         holder = self.runner.input_batch.thinking_budget_state_holder
         if holder is None or not holder.has_tracked_requests():
             return logits
@@ -245,7 +248,7 @@ class RowLayout:
         if logits is None or not len(requests):
             return logits
         logits = logits.to(torch.float32, copy=True)  # float32 as vLLM's sampler; the raw rows stay for log-probs
-        return edit_in_batch_order(logits, next_token_rows, requests, len(lists),
+        return edit_in_batch_order(logits, next_token_rows(), requests, len(lists),
                                    lambda batch: holder.apply_to_logits(batch, predict_bonus_token=False,
                                                                         spec_token_ids=None))
 
