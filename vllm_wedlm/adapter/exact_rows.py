@@ -184,10 +184,7 @@ class ExactRows(RowLayout):
             first_row = first_logits_rows(step)
             apply_grammar(logits, self.grammar_output,
                           {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
-        follows_grammar = np.fromiter((s.grammar for s in states), bool, num_reqs)  # [B]: grammar_rows.py
-        grammar = follows_grammar & step.window & ~step.lossless  # [B]: plain windows under a grammar
-        verified_grammar = follows_grammar & step.window & step.lossless  # [B]: lossless ones
-        first_grammar = follows_grammar & step.first_token  # [B]: a lossless request's first token
+        grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
         if logits is not None and grammar.any():
             self.mask_first_slots(logits, np.flatnonzero(grammar & (step.num_logits > step.num_checks)))
         if logits is not None and (verified_grammar.any() or first_grammar.any()):
@@ -423,10 +420,7 @@ class ExactRows(RowLayout):
         grammars = self.runner.wedlm_grammars
         for k, row in enumerate(rows):
             if grammar[row]:
-                run = runs[k, : commit[k]].tolist()
-                if grammars.accepted(self.step.req_ids[row], run) != len(run):
-                    raise RuntimeError(f"lossless WeDLM request {self.step.req_ids[row]}: its grammar rejects "
-                                       f"the verified run {run}")
+                grammars.follow_verified(self.step.req_ids[row], runs[k, : commit[k]].tolist())
 
     def cut_rejected_fills(self, rows: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray) -> None:
         """Cut the leading run of each next window at ``rows`` ([G], batch rows; its slot and W among

@@ -242,10 +242,7 @@ class FixedRows(RowLayout):
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
             apply_grammar(logits, self.grammar_output, {step.req_ids[i]: num_window_logits + k
                                                         for k, i in enumerate(draw_rows) if step.ar_next[i]})
-        follows_grammar = np.fromiter((s.grammar for s in states), bool, num_reqs)  # [B]: grammar_rows.py
-        grammar = follows_grammar & step.window & ~step.lossless  # [B]: plain windows under a grammar
-        verified_grammar = follows_grammar & step.window & step.lossless  # [B]: lossless ones
-        first_grammar = follows_grammar & step.first_token  # [B]: a lossless request's first token
+        grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
         if logits is not None and (grammar | verified_grammar | first_grammar).any():
             self.mask_grammar_rows(logits, grammar, verified_grammar, first_grammar, draw_rows)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
@@ -340,19 +337,22 @@ class FixedRows(RowLayout):
             own = grammars.masks([step.req_ids[i] for i in np.flatnonzero(plain)]).to(device, non_blocking=True)
             masks.append(torch.where(has_row[:, None], own, -1))  # -1: every token (a void window's row)
             indices.append(window * r + torch.where(has_row, k, r - 1))
+        host_indices = []  # [n'] host rows: the lossless windows' and the first tokens'
         if verified.any():
             batch_rows = np.flatnonzero(verified)
-            window = self.window_index(batch_rows)
-            planned = table.windows.rows(w_slots[window])
+            window = np.cumsum(step.window)[batch_rows] - 1  # [Gl] each one's index among the windows
+            planned = table.windows.rows(w_slots[torch.from_numpy(window).to(device, non_blocking=True)])
             tokens, lead = planned.tokens.cpu().numpy(), leading_filled(planned.filled).cpu().numpy()  # one sync
             for j, row in enumerate(batch_rows):
                 run_tokens = tokens[j, : min(int(lead[j]), r)].tolist()  # logical order = its first rows
                 masks.append(grammars.masks_along(step.req_ids[row], run_tokens))
-                indices.append(window[j] * r + torch.arange(len(run_tokens), device=device))
+                host_indices.append(window[j] * r + np.arange(len(run_tokens)))
         if first.any():
             at = np.flatnonzero(first[draw_rows])  # positions among the draws
             masks.append(grammars.masks([step.req_ids[i] for i in draw_rows[at]]))
-            indices.append(torch.from_numpy(len(np.flatnonzero(step.window)) * r + at).to(device))
+            host_indices.append(int(step.window.sum()) * r + at)
+        if host_indices:
+            indices.append(torch.from_numpy(np.concatenate(host_indices)).to(device, non_blocking=True))
         apply_masks(logits, torch.cat([m.to(device) for m in masks]), torch.cat(indices))
 
     def follow_grammars(self, sampled: torch.Tensor, plain: np.ndarray, verified: np.ndarray) -> None:
@@ -367,10 +367,10 @@ class FixedRows(RowLayout):
         cut_rows, cut_at = [], []
         for run_tokens, row in zip(runs, batch_rows, strict=True):
             run_tokens = run_tokens[run_tokens >= 0].tolist()
+            if verified[row]:
+                grammars.follow_verified(step.req_ids[row], run_tokens)
+                continue
             kept = grammars.accepted(step.req_ids[row], run_tokens)
-            if verified[row] and kept != len(run_tokens):
-                raise RuntimeError(f"lossless WeDLM request {step.req_ids[row]}: its grammar rejects the verified "
-                                   f"run {run_tokens}")
             if kept < len(run_tokens):
                 cut_rows.append(row)
                 cut_at.append(kept)

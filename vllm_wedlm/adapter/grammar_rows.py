@@ -141,6 +141,12 @@ class WindowGrammars:
             grammar.rollback(advanced)
         return bitmask
 
+    def follow_verified(self, req_id: str, run: list[int]) -> None:
+        """Advance the grammar by a lossless window's verified ``run``, drawn under its masks, which it
+        takes whole (past its end, tokens after the stop token: vLLM stops the request there)."""
+        if self.accepted(req_id, run) != len(run):
+            raise RuntimeError(f"lossless WeDLM request {req_id}: its grammar rejects the verified run {run}")
+
     def accepted(self, req_id: str, run: list[int]) -> int:
         """How many tokens of ``run`` (what a step would return) the request's grammar accepts, in
         order; it advances by them. Once the grammar has terminated (at a stop token, where vLLM

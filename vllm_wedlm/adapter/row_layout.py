@@ -227,6 +227,14 @@ class RowLayout:
 
         return self.context_edits.apply(logits, states, row_requests, custom) if in_context else custom(logits)
 
+    def grammar_kinds(self, states: list[RequestState]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[B] bool each, for the step's requests whose grammar the runner follows (``grammar_rows.py``):
+        plain windows forwarded now, lossless ones, and lossless requests drawing their first token."""
+        step = self.step
+        follows = np.fromiter((s.grammar for s in states), bool, len(states))
+        return (follows & step.window & ~step.lossless, follows & step.window & step.lossless,
+                follows & step.first_token)
+
     def end_thinking(self, logits: torch.Tensor | None,
                      next_token_rows: Callable[[], np.ndarray]) -> torch.Tensor | None:
         """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
