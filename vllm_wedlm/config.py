@@ -229,27 +229,15 @@ def request_flag(extra_args: dict, key: str, default: bool) -> bool:
     raise ValueError(f"{key} must be true or false (or 1 / 0), got {value!r}")
 
 
-def decodes_ar(sampling_params, grammar_windows: bool) -> bool:
+def decodes_ar(sampling_params) -> bool:
     """Whether a request on a WeDLM engine is decoded AR, one token per step: it asks for it
-    (``wedlm_decoding: "ar"``), or for a ``thinking_token_budget``, or for structured outputs (a
-    grammar, a JSON schema, a tool call) on an engine whose windows do not take them
-    (``grammar_windows`` False, ``grammar_in_windows``: a reasoning parser). Elsewhere a WeDLM request with structured
-    outputs, plain or lossless, decodes in windows (``adapter/grammar_rows.py``)."""
+    (``wedlm_decoding: "ar"``), or for a ``thinking_token_budget``. Any other, structured outputs
+    included, plain or lossless, decodes in windows (``adapter/grammar_rows.py``)."""
     extra_args = sampling_params.extra_args if sampling_params is not None else None
     if request_decoding(extra_args) == "ar":
         return True
-    if sampling_params is not None and sampling_params.thinking_token_budget is not None:
-        return True  # vLLM's budget state follows one token per step (adapter/row_layout.py)
-    if sampling_params is None or sampling_params.structured_outputs is None:
-        return False
-    return not grammar_windows
-
-
-def grammar_in_windows(settings: WeDLMSettings, vllm_config) -> bool:
-    """Whether WeDLM windows (plain and lossless) decode structured outputs on this engine: a WeDLM
-    engine with no reasoning parser (whose grammar waits for the reasoning to end, which only vLLM's
-    scheduler follows). Exact window rows and fixed ones both take them (``adapter/grammar_rows.py``)."""
-    return settings.wedlm and not vllm_config.structured_outputs_config.reasoning_parser
+    # vLLM's budget state follows one token per step (adapter/row_layout.py)
+    return sampling_params is not None and sampling_params.thinking_token_budget is not None
 
 
 def request_decoding(extra_args: dict | None) -> str:

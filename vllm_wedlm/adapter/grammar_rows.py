@@ -76,6 +76,27 @@ def apply_masks(logits: torch.Tensor, masks: torch.Tensor, indices: list[int] | 
         xgr.apply_token_bitmask_inplace(logits, full, indices=indices if logits.is_cpu else row_index.int())
 
 
+def note_reasoning_end(manager: StructuredOutputManager, request, tokens: list[int]) -> None:
+    """On the scheduler's side: where a step's ``tokens`` (a window's run, just appended to
+    ``request``) end the request's reasoning, mark it ended there for vLLM's manager, so that
+    ``should_advance`` advances the grammar by the tokens after the end now
+    (``trim_reasoning_for_advance``), as the runner's grammar follows them (``WindowGrammars``).
+    vLLM's own rule, one token per step, defers the grammar to the next step, and so would lose
+    those tokens. Nothing to do without a reasoning parser, or once the reasoning has ended (in the
+    prompt: ``should_fill_bitmask`` finds it)."""
+    structured = request.structured_output_request
+    if (structured is None or not tokens or manager.reasoner_cls is None or manager.enable_in_reasoning
+            or manager.should_fill_bitmask(request)):
+        return
+    reasoner = structured.reasoner  # the request's, built by should_fill_bitmask
+    history = list(request.all_token_ids)
+    for index in range(len(history) - len(tokens), len(history)):
+        if reasoner.is_reasoning_end_streaming(history[: index + 1], history[index: index + 1]):
+            structured.reasoning_ended = True
+            structured.reasoning_end_token_index = index
+            return
+
+
 class WindowGrammars:
     """The runner's grammar matcher of each plain WeDLM request with structured outputs, following
     the tokens it returns: the mask of its window's first undecided slot, and how much of a run
@@ -85,8 +106,11 @@ class WindowGrammars:
         self._vllm_config = vllm_config
         self._manager: StructuredOutputManager | None = None  # vLLM's: the tokenizer, the backend
         self._grammars: dict[str, object] = {}  # req_id -> vLLM's StructuredOutputGrammar
+        # req_id -> its reasoning parser and token ids so far (prompt and output), while it reasons
+        # (an engine with a reasoning parser): its grammar waits for the reasoning to end.
+        self._thinking: dict[str, tuple[object, list[int]]] = {}
 
-    def add(self, req_id: str, sampling_params) -> None:
+    def add(self, req_id: str, sampling_params, prompt_token_ids: list[int]) -> None:
         """Compile the grammar of a new request, as vLLM's scheduler compiles its own (same backend)."""
         if self._manager is None:
             self._manager = StructuredOutputManager(self._vllm_config)
@@ -101,21 +125,31 @@ class WindowGrammars:
                                                    structured_output_request=structured))
         grammar = structured._grammar
         self._grammars[req_id] = grammar.result() if hasattr(grammar, "result") else grammar
+        manager = self._manager
+        if manager.reasoner_cls is not None and not manager.enable_in_reasoning:
+            # The grammar starts after the reasoning, as vLLM's (``should_fill_bitmask``). A request's
+            # parser kwargs (its chat-template ones) do not reach the runner: Qwen3's
+            # ``enable_thinking`` changes how the parser reads text and an empty prompt only, not
+            # which token ends the reasoning.
+            reasoner = manager.reasoner_cls(tokenizer=manager.tokenizer)
+            if not reasoner.is_reasoning_end(list(prompt_token_ids)):
+                self._thinking[req_id] = (reasoner, list(prompt_token_ids))
 
     def forget(self, req_id: str) -> None:
         self._grammars.pop(req_id, None)
+        self._thinking.pop(req_id, None)
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._grammars
 
     def masks(self, req_ids: list[str]) -> torch.Tensor:
-        """[n, words] int32: the mask of the next token of each request (everything once its grammar
-        has terminated, as vLLM fills it)."""
+        """[n, words] int32: the mask of the next token of each request (everything while it reasons
+        and once its grammar has terminated, as vLLM fills it)."""
         backend = self._manager.backend
         bitmask = backend.allocate_token_bitmask(len(req_ids))
         for index, req_id in enumerate(req_ids):
             grammar = self._grammars[req_id]
-            if grammar.is_terminated():
+            if grammar.is_terminated() or req_id in self._thinking:
                 bitmask[index].fill_(-1)
             else:
                 grammar.fill_bitmask(bitmask, index)
@@ -126,9 +160,18 @@ class WindowGrammars:
         the grammar has not followed yet), the mask of the token after it, with the grammar following
         the run up to it, as vLLM masks a request's draft tokens. From a token the grammar rejects on,
         and once it has terminated, every token is allowed (as vLLM fills them): the verification
-        stops before such rows, whose draws are dropped. The grammar ends where it began."""
-        grammar = self._grammars[req_id]
+        stops before such rows, whose draws are dropped. While the request reasons every token is
+        allowed; the token after the one that ends the reasoning gets the grammar's first mask, as
+        AR's next step does. The grammar ends where it began."""
         bitmask = self._manager.backend.allocate_token_bitmask(len(run))  # every token allowed
+        thought, ended = self._reasoning(req_id, run)
+        if req_id in self._thinking and not ended:
+            return bitmask
+        grammar = self._grammars[req_id]
+        if thought:  # the run's token ``thought - 1`` ends the reasoning
+            if not grammar.is_terminated():
+                grammar.fill_bitmask(bitmask, thought - 1)
+            run = run[thought:]
         kept = [] if grammar.is_terminated() else grammar.validate_tokens(run)  # no advance
         advanced = 0
         for index, token in enumerate(kept):
@@ -136,7 +179,7 @@ class WindowGrammars:
             advanced += 1
             if grammar.is_terminated():
                 break
-            grammar.fill_bitmask(bitmask, index)
+            grammar.fill_bitmask(bitmask, thought + index)
         if advanced:
             grammar.rollback(advanced)
         return bitmask
@@ -149,9 +192,17 @@ class WindowGrammars:
 
     def accepted(self, req_id: str, run: list[int]) -> int:
         """How many tokens of ``run`` (what a step would return) the request's grammar accepts, in
-        order; it advances by them. Once the grammar has terminated (at a stop token, where vLLM
-        ends the request unless it ignores EOS) it takes the rest of the run whole, as vLLM leaves a
-        terminated request's rows unmasked."""
+        order; it advances by them. The tokens of a request's reasoning are taken whole, and the
+        grammar follows the tokens after the one that ends it. Once the grammar has terminated (at a
+        stop token, where vLLM ends the request unless it ignores EOS) it takes the rest of the run
+        whole, as vLLM leaves a terminated request's rows unmasked."""
+        if req_id in self._thinking:
+            thought, ended = self._reasoning(req_id, run)
+            if not ended:
+                self._thinking[req_id][1].extend(run)
+                return len(run)
+            del self._thinking[req_id]  # the grammar takes the tokens after the end
+            return thought + self.accepted(req_id, run[thought:])
         grammar = self._grammars[req_id]
         if grammar.is_terminated():
             return len(run)
@@ -159,3 +210,20 @@ class WindowGrammars:
         if kept:
             grammar.accept_tokens(req_id, kept)
         return len(run) if grammar.is_terminated() else len(kept)
+
+    def _reasoning(self, req_id: str, run: list[int]) -> tuple[int, bool]:
+        """How many leading tokens of ``run`` are the request's reasoning, and whether its last one ends
+        it (found as vLLM's scheduler finds it, token by token: ``is_reasoning_end_streaming``); (0,
+        False) for a request that does not reason (any more)."""
+        if req_id not in self._thinking:
+            return 0, False
+        reasoner, history = self._thinking[req_id]
+        size = len(history)
+        try:
+            for index, token in enumerate(run):
+                history.append(token)
+                if reasoner.is_reasoning_end_streaming(history, [token]):
+                    return index + 1, True
+            return len(run), False
+        finally:
+            del history[size:]

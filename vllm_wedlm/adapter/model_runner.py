@@ -36,7 +36,7 @@ from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, grammar_in_windows, max_window_tokens
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 from vllm_wedlm.core.logit_edits import LogitEdits
 
 if TYPE_CHECKING:
@@ -95,7 +95,6 @@ class WeDLMRunnerMixin:
         self.wedlm_requests: dict[str, RequestState] = {}
         # Plain WeDLM requests with structured outputs decode in windows here (else AR), and the
         # runner follows each one's grammar (grammar_rows.py).
-        self.wedlm_grammar_windows = grammar_in_windows(self.wedlm, self.vllm_config)
         self.wedlm_grammars = WindowGrammars(self.vllm_config)
         self.wedlm_table = WindowTable(max_window_tokens(self.wedlm.window_size), self.wedlm_mask_id, self.device,
                                        slots=self.max_num_reqs)
@@ -144,9 +143,9 @@ class WeDLMRunnerMixin:
         state = self.wedlm_requests.get(req_id)
         if state is None:
             sampling = self.requests[req_id].sampling_params
-            autoregressive = decodes_ar(sampling, self.wedlm_grammar_windows)
+            autoregressive = decodes_ar(sampling)
             if not autoregressive and sampling.structured_outputs is not None:
-                self.wedlm_grammars.add(req_id, sampling)
+                self.wedlm_grammars.add(req_id, sampling, self.requests[req_id].prompt_token_ids or [])
             state = RequestState(slot=self.wedlm_table.allocate(),
                                  params=self.wedlm.request_params(sampling.extra_args),
                                  autoregressive=autoregressive, grammar=req_id in self.wedlm_grammars,

@@ -31,10 +31,11 @@ from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
+from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
 from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, grammar_in_windows, max_window_tokens
+from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -64,7 +65,6 @@ class WeDLMScheduler(Scheduler):
         self.commit_stats = CommitStats()
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
-        self._grammar_windows = grammar_in_windows(self.wedlm, self.vllm_config)
         self._forwarded: dict[str, int] = {}
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
@@ -81,7 +81,7 @@ class WeDLMScheduler(Scheduler):
                        if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
 
     def _decodes_ar(self, request) -> bool:
-        return decodes_ar(request.sampling_params, self._grammar_windows)
+        return decodes_ar(request.sampling_params)
 
     def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
         # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
@@ -230,6 +230,8 @@ class WeDLMScheduler(Scheduler):
         """Count what a request whose window this step forwarded got of its run (``appended``: the
         tokens kept and whether it stopped; max_tokens, EOS and stop tokens cut a run): the committed
         tokens of the log line and of vLLM's diffusion counter are the tokens users received."""
+        if request.use_structured_output and not self._decodes_ar(request):
+            note_reasoning_end(self.structured_output_manager, request, appended[0])
         if request.request_id in self._window_stats:
             stats = self._window_stats.pop(request.request_id)
             self.commit_stats.committed_tokens += len(appended[0])
