@@ -2,7 +2,7 @@
 
 Three ways, by request (``config.decodes_ar``):
 
-* **Decoded AR** (a per-request AR one; any request on an engine with a reasoning parser): the
+* **Decoded AR** (a per-request AR one, or one with a thinking budget): the
   scheduler gives it no window, and vLLM's structured-output manager computes one grammar mask for
   it per step, as for any AR request. vLLM's runner would apply the masks at its own row layout
   (one row per request plus its drafts), which a WeDLM step does not have, so the runner hands the
@@ -22,6 +22,11 @@ Three ways, by request (``config.decodes_ar``):
   side, so the runner keeps its own matcher per request (``WindowGrammars``), compiled by vLLM's
   structured-output backend from the request's own parameters, as the scheduler's is; vLLM's
   scheduler still advances its own matcher by the tokens returned, which it accepts.
+
+On an engine with a reasoning parser the grammar starts where the reasoning ends, as vLLM's does:
+the runner follows each request's reasoning with its parser (every token is allowed until the one
+that ends it), and the scheduler marks where a run ends it (``note_reasoning_end``), so that vLLM's
+grammar takes the rest of that run.
 
 Both row layouts do this (``exact_rows.py``, ``fixed_rows.py``): exact rows know each window on the
 host; fixed rows (async scheduling) mask the rows the device table points at, and bring each run of

@@ -147,6 +147,16 @@ CONTRACT: dict[str, dict[str, Member]] = {
         "update_state": _call("self", "output_token_ids", "spec_token_ids", "repeat_indices"),
         "apply_to_logits": _call("self", "logits", "predict_bonus_token", "spec_token_ids"),
     },
+    "vllm.v1.structured_output:StructuredOutputManager": {  # adapter/grammar_rows.py
+        "grammar_init": _call("self", "request"),  # WindowGrammars compiles the runner's grammars with it
+        "should_fill_bitmask": _call("self", "request"),  # note_reasoning_end: has the reasoning ended
+        "should_advance": _call("self", "request"),  # ... which reads what note_reasoning_end marks
+        "trim_reasoning_for_advance": _call("self", "request", "new_token_ids"),
+    },
+    "vllm.v1.structured_output.request:StructuredOutputRequest": {  # written by note_reasoning_end
+        "reasoning_ended": Member(None, None),
+        "reasoning_end_token_index": Member(None, None),
+    },
     "vllm.v1.spec_decode.metrics:SpecDecodingStats": {"new": _call("num_spec_tokens")},
     "vllm.v1.spec_decode.metrics:SpecDecodingProm": {
         "__init__": _call("self", "speculative_config", "labelnames", "per_engine_labelvalues", "is_diffusion"),
