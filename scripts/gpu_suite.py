@@ -40,6 +40,8 @@ SLICES = {
     "test_serve_wedlm.py": [("not metrics and not bench", 5), ("metrics or bench", 4)],
     "test_window_invariance.py": [("qwen2", 4), ("qwen3", 4)],
     "test_benchmark_smoke.py": [("offline", 3), ("online", 3), ("step_cost or recorded", 1)],
+    # Over 500 s whole beside other processes on an H100 (session 37): one engine case per unit.
+    "test_structured_outputs.py": [("qwen3 and not fixed", 2), ("qwen2", 2), ("fixed", 2)],
 }
 COSTS = {"test_micro_model.py": 4, "test_demo.py": 3, "test_serve_window_invariance.py": 4, "test_smollm2.py": 3,
          "test_wedlm_engine.py": 3, "test_per_request_ar.py": 3, "test_serve_ar.py": 3,
