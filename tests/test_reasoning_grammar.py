@@ -6,10 +6,11 @@ grammar's first mask (``WindowGrammars.masks_along``), so its output equals an `
 engine's token for token, even when one window's run holds the end of the reasoning and the start of
 the answer; the scheduler then advances vLLM's own grammar by the answer's tokens of that run
 (``grammar_rows.note_reasoning_end``), or it would reject the next ones and end the request in an
-error. A plain window's answer obeys the constraint. On exact window rows and on fixed ones (the
-async engine's). The tiny tokenizer gets Qwen3's ``<think>`` and ``</think>`` as tokens of their own,
-as its reasoning parser needs; a logit bias on ``</think>`` makes the random model end its reasoning
-part-way, at a different place per prompt.
+error. A plain window decodes its reasoning as an unconstrained one would, and its answer obeys the
+constraint. On exact window rows and on fixed ones (the async engine's). The tiny tokenizer gets
+Qwen3's ``<think>`` and ``</think>`` as tokens of their own, as its reasoning parser needs; a logit
+bias on ``</think>`` makes the random model end its reasoning part-way, at a different place per
+prompt.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ PROMPTS = ["<|im_start|>user\nAda has 12 apples.<|im_end|>\n<|im_start|>assistan
 CHOICES = ["yes", "no", "maybe so"]
 REGEX = r"[0-9]{2,4}( apples| lamps)?"
 CONSTRAINTS = {"choice": {"choice": CHOICES}, "regex": {"regex": REGEX}}
-MODES = {"plain": None, "lossless": {"wedlm_lossless": True}, "ar": {"wedlm_decoding": "ar"}}
+MODES = {"plain": None, "lossless": {"wedlm_lossless": True}, "ar": {"wedlm_decoding": "ar"}, "free": None}
 END_BIAS = 14.0  # on "</think>": this random model then ends its reasoning part-way in most prompts
 MAX_TOKENS = 40
 ENGINE = {"dtype": "float32", "reasoning_parser": "qwen3",
@@ -51,12 +52,13 @@ def model(tmp_path_factory):
 
 
 def params(end: int, constraint: str, mode: str = "plain"):
+    """A request of ``mode``: "free" is a plain one without the constraint."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
+    structured = None if mode == "free" else StructuredOutputsParams(**CONSTRAINTS[constraint])
     return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logit_bias={end: END_BIAS},
-                          structured_outputs=StructuredOutputsParams(**CONSTRAINTS[constraint]),
-                          extra_args=MODES[mode])
+                          structured_outputs=structured, extra_args=MODES[mode])
 
 
 def answers(outputs) -> list[tuple[list[int], str, str]]:
@@ -108,8 +110,23 @@ def test_lossless_and_per_request_ar_equal_the_ar_engine(ar_runs, runs, name):
 def test_windows_decode_the_reasoning_and_the_answer(runs, name):
     # Not decoded AR: every token of the plain and lossless requests came from a window, at more
     # than one token per window forward.
-    windowed = sum(len(ids) for mode in ("plain", "lossless") for ids, _, _ in runs[f"{mode}_{name}"])
+    windowed = sum(len(ids) for mode in ("plain", "lossless", "free") for ids, _, _ in runs[f"{mode}_{name}"])
     assert 0 < runs[f"forwards_{name}"] < windowed
+
+
+@pytest.mark.parametrize("name", CONSTRAINTS)
+def test_plain_windows_reason_as_unconstrained_ones(model, runs, name):
+    # Until a run ends the reasoning, a plain request decodes as one without the grammar beside it.
+    end = model[1]
+    reasoned = 0
+    for (ids, _, _), (free, _, _), prompt in zip(runs[f"plain_{name}"], runs[f"free_{name}"], PROMPTS, strict=True):
+        if prompt.endswith("</think>\n\n"):
+            assert ids != free  # its reasoning ended in the prompt: the grammar holds from its first token
+            continue
+        reasoning = ids.index(end) + 1 if end in ids else len(ids)
+        assert ids[:reasoning] == free[:reasoning]
+        reasoned += reasoning
+    assert reasoned > 2 * len(PROMPTS)
 
 
 @pytest.mark.parametrize("name", CONSTRAINTS)

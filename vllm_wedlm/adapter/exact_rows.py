@@ -185,8 +185,9 @@ class ExactRows(RowLayout):
             apply_grammar(logits, self.grammar_output,
                           {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
         grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
-        if logits is not None and grammar.any():
-            self.mask_first_slots(logits, np.flatnonzero(grammar & (step.num_logits > step.num_checks)))
+        masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
+        if logits is not None and masked.any():
+            self.mask_first_slots(logits, np.flatnonzero(masked & (step.num_logits > step.num_checks)))
         if logits is not None and (verified_grammar.any() or first_grammar.any()):
             self.mask_ar_rows(logits, verified_grammar, first_grammar)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
@@ -219,7 +220,7 @@ class ExactRows(RowLayout):
         num_rows = int(step.num_logits.sum())
         verified_commit = w_checks.any()
         # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
-        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit and not grammar.any())
+        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit and not masked.any())
         row_kind = None if plain else self.row_kinds(step)
 
         device_out = []
@@ -254,8 +255,8 @@ class ExactRows(RowLayout):
                     device_out.append(commit)
                 mask_rows = row_kind == MASK_ROW
                 mask_logits = self.rows(logits, mask_rows)
-                fill_first = (torch.from_numpy(grammar[step.window]).to(self.device, non_blocking=True)
-                              if grammar.any() else None)  # [Bw]: the first mask of a grammar's window
+                fill_first = (torch.from_numpy(masked[step.window]).to(self.device, non_blocking=True)
+                              if masked.any() else None)  # [Bw]: the first mask of a grammar's window
                 parts.append(finish_windows(planned, commit, row_entropy(mask_logits), self.rows(tokens, mask_rows),
                                             table.entropy_threshold[ws], table.pos_penalty[ws], self.mask_id,
                                             verified, fill_first))

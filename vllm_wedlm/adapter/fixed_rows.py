@@ -243,8 +243,9 @@ class FixedRows(RowLayout):
             apply_grammar(logits, self.grammar_output, {step.req_ids[i]: num_window_logits + k
                                                         for k, i in enumerate(draw_rows) if step.ar_next[i]})
         grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
-        if logits is not None and (grammar | verified_grammar | first_grammar).any():
-            self.mask_grammar_rows(logits, grammar, verified_grammar, first_grammar, draw_rows)
+        masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
+        if logits is not None and (masked | verified_grammar | first_grammar).any():
+            self.mask_grammar_rows(logits, masked, verified_grammar, first_grammar, draw_rows)
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
@@ -268,8 +269,8 @@ class FixedRows(RowLayout):
             arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
                          table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len, mask_id,
                          rows_per_window, w_lossless)
-            if grammar.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
-                fill_first = torch.from_numpy(grammar[window_rows]).to(self.device, non_blocking=True)  # [Bw]
+            if masked.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
+                fill_first = torch.from_numpy(masked[window_rows]).to(self.device, non_blocking=True)  # [Bw]
                 *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
             else:
                 *windows, order, committed_len, sampled, void = self.window_step(*arguments)

@@ -147,6 +147,10 @@ class WindowGrammars:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._grammars
 
+    def reasoning(self, req_id: str) -> bool:
+        """Whether the request's grammar waits for its reasoning to end (it decodes unconstrained)."""
+        return req_id in self._thinking
+
     def masks(self, req_ids: list[str]) -> torch.Tensor:
         """[n, words] int32: the mask of the next token of each request (everything while it reasons
         and once its grammar has terminated, as vLLM fills it)."""
