@@ -24,9 +24,10 @@ Three ways, by request (``config.decodes_ar``):
   scheduler still advances its own matcher by the tokens returned, which it accepts.
 
 On an engine with a reasoning parser the grammar starts where the reasoning ends, as vLLM's does:
-the runner follows each request's reasoning with its parser (every token is allowed until the one
-that ends it), and the scheduler marks where a run ends it (``note_reasoning_end``), so that vLLM's
-grammar takes the rest of that run.
+the runner follows each request's reasoning with its parser (until the token that ends it, a plain
+window decodes as an unconstrained one and a lossless one's rows are unmasked), and the scheduler
+marks where a run ends it (``note_reasoning_end``), so that vLLM's grammar takes the rest of that
+run.
 
 Both row layouts do this (``exact_rows.py``, ``fixed_rows.py``): exact rows know each window on the
 host; fixed rows (async scheduling) mask the rows the device table points at, and bring each run of
