@@ -94,13 +94,28 @@ def note_reasoning_end(manager: StructuredOutputManager, request, tokens: list[i
     if (structured is None or not tokens or manager.reasoner_cls is None or manager.enable_in_reasoning
             or manager.should_fill_bitmask(request)):
         return
-    reasoner = structured.reasoner  # the request's, built by should_fill_bitmask
-    history = list(request.all_token_ids)
-    for index in range(len(history) - len(tokens), len(history)):
-        if reasoner.is_reasoning_end_streaming(history[: index + 1], history[index: index + 1]):
-            structured.reasoning_ended = True
-            structured.reasoning_end_token_index = index
-            return
+    first = len(request.all_token_ids) - len(tokens)
+    # The request's parser, built by should_fill_bitmask.
+    end = reasoning_end(structured.reasoner, request.all_token_ids[:first], tokens)  # a slice: a new list
+    if end is not None:
+        structured.reasoning_ended = True
+        structured.reasoning_end_token_index = first + end
+
+
+def reasoning_end(reasoner, history: list[int], tokens: list[int]) -> int | None:
+    """The index in ``tokens`` of the token that ends the reasoning, ``history`` (the token ids
+    before them) coming first, as vLLM's scheduler finds it, token by token
+    (``is_reasoning_end_streaming``); None if the reasoning goes on through them. ``history`` ends
+    as it began."""
+    size = len(history)
+    try:
+        for index, token in enumerate(tokens):
+            history.append(token)
+            if reasoner.is_reasoning_end_streaming(history, [token]):
+                return index
+        return None
+    finally:
+        del history[size:]
 
 
 class WindowGrammars:
@@ -227,13 +242,5 @@ class WindowGrammars:
         False) for a request that does not reason (any more)."""
         if req_id not in self._thinking:
             return 0, False
-        reasoner, history = self._thinking[req_id]
-        size = len(history)
-        try:
-            for index, token in enumerate(run):
-                history.append(token)
-                if reasoner.is_reasoning_end_streaming(history, [token]):
-                    return index + 1, True
-            return len(run), False
-        finally:
-            del history[size:]
+        end = reasoning_end(*self._thinking[req_id], run)
+        return (len(run), False) if end is None else (end + 1, True)

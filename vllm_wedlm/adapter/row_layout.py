@@ -240,6 +240,8 @@ class RowLayout:
         undecided slot the grammar masks and always fills: not those of requests still reasoning,
         which decode as unconstrained windows until a run ends the reasoning (``grammar_rows.py``;
         the runner still follows their runs)."""
+        if not plain.any():
+            return plain  # no request walk on a step without such a window
         grammars, req_ids = self.runner.wedlm_grammars, self.step.req_ids
         return plain & np.fromiter((not grammars.reasoning(req_id) for req_id in req_ids), bool, len(req_ids))
 
