@@ -1,6 +1,9 @@
 """Decoding modes of a benchmark run, and which of them can share one engine.
 
 * ``ar``: vLLM's ordinary one-token-per-forward decoding;
+* ``ar-v1``: the same on vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``), the runner a WeDLM
+  engine builds on (vLLM 0.26.0 runs AR on a GPU with its V2 runner): what of a WeDLM engine's gap
+  to ``ar`` is the runner's;
 * ``ngram`` or ``ngram:K``: AR plus vLLM's n-gram (prompt lookup) speculative decoding with K
   proposed tokens (default 4): the speed-up a user can switch on without extra weights;
 * ``wedlm`` or ``wedlm:TAU``: WeDLM decoding at entropy threshold TAU (default the server's);
@@ -26,6 +29,9 @@ knobs); AR and each n-gram setting need their own.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from vllm_wedlm.config import (
@@ -42,6 +48,7 @@ DEFAULT_NGRAM_TOKENS = 4
 SCHEDULING_SUFFIXES = {"+async": "async", "+sync": "sync"}
 ADAPTIVE_SUFFIX = "+auto"
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's switch of runner; "0": its V1 runner
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Mode:
     scheduling: str | None = None  # a WeDLM engine's: "async", "sync" or None (the engine's default)
     per_request_ar: bool = False  # requests decoded AR on a WeDLM engine (one token per forward)
     adaptive: bool = False  # a WeDLM engine whose windows size themselves (``core/window_policy.py``)
+    v1_runner: bool = False  # an AR engine on vLLM's V1 model runner
 
     @property
     def windows(self) -> bool:
@@ -65,6 +73,8 @@ class Mode:
         """Modes with equal ``engine`` run on one engine."""
         if self.ngram_tokens:
             return f"ngram:{self.ngram_tokens}"
+        if self.v1_runner:
+            return self.name
         return (self.decoding + (ADAPTIVE_SUFFIX if self.adaptive else "")
                 + (f"+{self.scheduling}" if self.scheduling else ""))
 
@@ -114,6 +124,8 @@ def parse_mode(text: str) -> Mode:
     kind, _, arg = text.partition(":")
     if kind == "ar" and not arg:
         return Mode("ar", "ar")
+    if kind == "ar-v1" and not arg:
+        return Mode("ar-v1", "ar", v1_runner=True)
     if kind == "wedlm-ar" and not arg:
         return Mode("wedlm-ar", "wedlm", per_request_ar=True)
     if kind == "ngram":
@@ -129,8 +141,26 @@ def parse_mode(text: str) -> Mode:
         if not math.isfinite(tau) or tau < 0:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
-    raise ValueError(f"unknown mode {text!r}: use ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU] or "
+    raise ValueError(f"unknown mode {text!r}: use ar, ar-v1, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU] or "
                      "wedlm-ar, the WeDLM ones with +auto, +async or +sync")
+
+
+@contextmanager
+def runner_env(mode: Mode) -> Iterator[None]:
+    """Start a mode's engine (in-process or a server) inside this: an ``ar-v1`` engine gets vLLM's
+    V1 runner from the environment its processes start with; every other mode vLLM's default."""
+    if not mode.v1_runner:
+        yield
+        return
+    before = os.environ.get(V2_RUNNER_ENV)
+    os.environ[V2_RUNNER_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[V2_RUNNER_ENV]
+        else:
+            os.environ[V2_RUNNER_ENV] = before
 
 
 def parse_modes(text: str) -> list[Mode]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.modes import Mode, by_engine, token_budget
+from benchmarks.modes import Mode, by_engine, runner_env, token_budget
 from benchmarks.workload import STRUCTURED, Prompt, score, take
 from vllm_wedlm.engine_settings import engine_kwargs
 from vllm_wedlm.evaluation import (
@@ -102,8 +102,9 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
         for group in by_engine(modes).values():
             engine = ExitStack()
             stack.callback(engine.close)  # a failure anywhere still stops every engine
-            llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides,
-                                               window_tokens))
+            with runner_env(group[0]):
+                llm = LLM(model, **engine_settings(group[0], window_size, max(batch_sizes), engine_overrides,
+                                                   window_tokens))
             engine.callback(llm.llm_engine.engine_core.shutdown)
             warm = take(settings[0][2], max(batch_sizes))
             llm.generate([p.text for p in warm], sampling_params(group[0], 16, True), use_tqdm=False)

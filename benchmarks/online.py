@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.modes import Mode, by_engine, token_budget
+from benchmarks.modes import Mode, by_engine, runner_env, token_budget
 from benchmarks.stats import percentiles
 from benchmarks.workload import Prompt, score, take
 from vllm_wedlm.server_process import prometheus_counters, running_server
@@ -133,7 +133,8 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
             server = ExitStack()
             stack.callback(server.close)  # a failure anywhere still stops every server
             log_name = "serve-" + engine.replace(":", "-").replace("+", "-") + ".log"
-            url = server.enter_context(running_server(model, *args, log_path=log_dir / log_name))
+            with runner_env(group[0]):
+                url = server.enter_context(running_server(model, *args, log_path=log_dir / log_name))
             ran[url] = server_scheduling((log_dir / log_name).read_text())
             warm = [_body(model, p, group[0], 16, True) for p in take(settings[0][2], max(concurrencies))]
             asyncio.run(_load(url, warm, max(concurrencies)))

@@ -23,7 +23,9 @@ from vllm_wedlm.core.window_policy import (
     MIN_SLOT_GAIN,
     SINGLE_SLOT_BONUS,
     StepCost,
+    best_prefix_sizes,
     choose_window_sizes,
+    every_usable_slot_pays,
     expected_commits,
     slot_gains,
     update_commit_estimate,
@@ -130,14 +132,28 @@ def test_an_empty_batch_and_a_window_of_one():
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_below_the_knee_every_usable_slot_is_taken(seed):
-    """The short cut for a batch whose whole windows fit below the knee gives the best prefix's
-    answer: with rows free, every slot expected to commit at least MIN_SLOT_GAIN."""
+def test_the_short_cuts_give_the_best_prefix(seed):
+    """Where every usable slot pays (every window whole below the knee, or rows next to free on a
+    host-bound model's cost curve), the short cut gives the best prefix's answer (the sort): every
+    slot expected to commit at least MIN_SLOT_GAIN. And a curve whose rows cost takes the sort."""
     gen = torch.Generator().manual_seed(seed)
-    estimate = torch.rand(8, generator=gen) * 20
-    free = StepCost(fixed=1.0, per_row=0.0, knee=0)  # flat, but no short cut (knee 0)
-    below = StepCost(fixed=1.0, per_row=1.0, knee=10**6)  # the short cut
-    assert choose_window_sizes(estimate, 16, free).tolist() == choose_window_sizes(estimate, 16, below).tolist()
+    batch = [8, 64][seed % 2]
+    estimate = torch.rand(batch, generator=gen) * 20
+    run_rows = estimate.clamp(0, 16)
+    below = StepCost(fixed=1.0, per_row=1.0, knee=10**6)
+    host_bound = step_cost(MICRO)
+    compute_bound = step_cost(QWEN3_8B)
+    assert every_usable_slot_pays(below, batch, 16, float(run_rows.sum()))
+    assert every_usable_slot_pays(host_bound, batch, 16, float(run_rows.sum()))
+    assert not every_usable_slot_pays(compute_bound, batch, 16, float(run_rows.sum()))
+    for cost in (below, host_bound, StepCost(fixed=1.0, per_row=0.0, knee=0)):
+        assert (choose_window_sizes(estimate, 16, cost).tolist()
+                == best_prefix_sizes(estimate, 16, cost, run_rows).tolist()
+                == (slot_gains(estimate, 16) >= MIN_SLOT_GAIN).sum(1).tolist())
+    # Just inside the bound: a slot of the least usable gain still raises the rate.
+    edge = StepCost(fixed=1.0, per_row=MIN_SLOT_GAIN / (2 * batch * 16) * 0.999, knee=0)
+    assert every_usable_slot_pays(edge, batch, 16, 0.0)
+    assert choose_window_sizes(estimate, 16, edge).tolist() == best_prefix_sizes(estimate, 16, edge, run_rows).tolist()
 
 
 def test_a_new_request_starts_from_what_the_server_saw():

@@ -122,10 +122,31 @@ def choose_window_sizes(estimate: torch.Tensor, max_window: int, cost: StepCost,
         return torch.zeros(0, dtype=torch.int64, device=estimate.device)
     if run_rows is None:
         run_rows = estimate.clamp(0, max_window)
-    if float(run_rows.sum()) + batch * max_window <= cost.knee:
-        # Every window whole costs nothing beyond the knee: each gets every slot that may commit
-        # MIN_SLOT_GAIN (the best prefix below, with no sort: the common case on a small batch).
-        return usable_slots(estimate, max_window)
+    if every_usable_slot_pays(cost, batch, max_window, float(run_rows.sum())):
+        return usable_slots(estimate, max_window)  # the best prefix's answer, with no sort
+    return best_prefix_sizes(estimate, max_window, cost, run_rows)
+
+
+def every_usable_slot_pays(cost: StepCost, batch: int, max_window: int, run_rows: float) -> bool:
+    """Whether every slot expected to commit ``MIN_SLOT_GAIN`` raises the batch's tokens per second
+    whatever else the step forwards, so that the best prefix is every such slot (``usable_slots``):
+    the common case, which then needs no sort (host work the scheduler does every step).
+
+    Either every window whole fits below the knee (rows cost nothing: a small batch), or rows cost
+    next to nothing (a host-bound model). A slot of gain g added to a step of gain G and cost C at
+    a row cost of at most ``per_row`` raises G / C when g * C > per_row * G; with g at least
+    ``MIN_SLOT_GAIN``, C at least ``fixed`` and G at most one token per slot of every window, that
+    holds when ``MIN_SLOT_GAIN * fixed > per_row * batch * max_window``, asked here with a factor 2
+    to spare for rounding."""
+    if run_rows + batch * max_window <= cost.knee:
+        return True
+    return 2 * cost.per_row * batch * max_window < MIN_SLOT_GAIN * cost.fixed
+
+
+def best_prefix_sizes(estimate: torch.Tensor, max_window: int, cost: StepCost, run_rows: torch.Tensor) -> torch.Tensor:
+    """``choose_window_sizes`` by its definition (every window one slot, then the others in order of
+    expected commit, the prefix of the best rate), for a non-empty batch: a sort of every slot."""
+    batch = estimate.shape[0]
     gains = _usable(slot_gains(estimate, max_window))  # [B, W]
     extra = gains[:, 1:].flatten()  # [B * (W - 1)]: every slot past each window's first
     order = torch.argsort(extra, descending=True, stable=True)
