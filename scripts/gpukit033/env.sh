@@ -1,0 +1,7 @@
+# On the GPU machine: `source /tmp/kit33/env.sh` before anything that imports vLLM 0.33.0.
+export PYTHONPATH=/tmp/site33   # first on sys.path: torch 2.14 and its NCCL before the machine's
+export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1  # the machine's cuDNN 9.19 for torch's 9.24 (no cuDNN kernel runs)
+export VLLM_USE_FLASHINFER_SAMPLER=0  # FlashInfer is not in the kit
+export VLLM_PLUGINS=                  # stock vLLM: no plugin (the project is not installed either)
+export PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
