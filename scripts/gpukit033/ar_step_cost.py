@@ -56,10 +56,10 @@ def main() -> None:
     model = Path(tempfile.mkdtemp()) / "qwen3-shape"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(shape))
-    memory = {"gpu_memory_utilization": 0.1 if args.tiny else args.gpu_memory_utilization}  # CPU: of its RAM
     start = time.perf_counter()
     llm = LLM(str(model), load_format="dummy", skip_tokenizer_init=True, dtype=shape["torch_dtype"], seed=0,
-              max_model_len=args.prompt_tokens + n2 + 16, max_num_seqs=max(batch_sizes), **memory)
+              max_model_len=args.prompt_tokens + n2 + 16, max_num_seqs=max(batch_sizes),
+              gpu_memory_utilization=0.1 if args.tiny else args.gpu_memory_utilization)  # CPU: a share of its RAM
     started = time.perf_counter() - start
     rng = np.random.default_rng(0)
 

@@ -54,6 +54,9 @@ def main() -> None:
         extract(torch_wheel, torch_dir, lambda n: n.startswith("torch/lib/") and ".so" in n
                 or re.match(r"torch/_C\..*\.so$", n))
         exported = {path.name: symbols(path, True) for path in libs.rglob("*.so*")}
+        # A symbol of one library's family may come from another of them (libcublas's family
+        # includes cublasLt's symbols, which libcublasLt exports): any of them serves.
+        everything = set().union(*exported.values())
         missing_any = False
         for library in sorted(torch_dir.rglob("*.so*")):
             imported = symbols(library, False)
@@ -63,9 +66,7 @@ def main() -> None:
                 # Symbols of this library's family that torch imports (the others come from elsewhere).
                 stem = soname.removeprefix("lib").split(".so")[0]
                 family = {s for s in imported if s.lower().startswith(stem.lower())}
-                # libcublas's family includes cublasLt's symbols, which libcublasLt exports.
-                elsewhere = set().union(*(exported[name] for name in exported if name != soname))
-                missing = sorted(s for s in family if s not in exported[soname] and s not in elsewhere)
+                missing = sorted(family - everything)
                 missing_any |= bool(missing)
                 print(f"{library.name} -> {soname}: {len(family)} imported, {len(missing)} missing"
                       + (f": {', '.join(missing)}" if missing else ""))
