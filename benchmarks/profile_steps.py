@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to --max-tokens")
     parser.add_argument("--kernel-time", action="store_true", help="wall vs GPU kernel time per step (GPU)")
     parser.add_argument("--json", help="with --kernel-time: write the numbers here")
+    parser.add_argument("--stats", help="also write the profiled run's raw statistics here (pstats: callers, callees)")
     parser.add_argument("--trace", help="with --kernel-time: write the profiled run's timeline here "
                         "(Chrome trace, Python calls included; .gz to compress)")
     args = parser.parse_args()
@@ -114,6 +115,8 @@ def main() -> None:
     profiler.enable()
     outputs = llm.generate(texts, params, use_tqdm=False)
     profiler.disable()
+    if args.stats:
+        profiler.dump_stats(args.stats)
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     num_steps = _steps(llm, args, outputs) - before
     out = io.StringIO()

@@ -180,6 +180,8 @@ class ExactRows(RowLayout):
         host = table.host
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        if not (step.window.any() or new.any() or resumed.any() or step.first_token.any()):
+            return self.sample_draws(logits, states)
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
             first_row = first_logits_rows(step)
             apply_grammar(logits, self.grammar_output,
@@ -322,6 +324,36 @@ class ExactRows(RowLayout):
         if wants_logprobs:
             logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, commit, early, run_len)
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
+        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
+
+    def sample_draws(self, logits: torch.Tensor | None, states: list) -> SamplerOutput:
+        """``sample`` of a step without windows: each AR-decoded request that forwarded all its tokens
+        draws its next token from its one logits row (``step.ar_next``; the rows are theirs, in batch
+        order), as vLLM's sampler would; prefill chunks return nothing. The same draws, edits and
+        log-probs as the general path, without its window bookkeeping: what a batch of requests
+        decoded AR on this engine pays per step (issue 41: the host work of such a step is most of
+        its time on a small model)."""
+        step = self.step
+        draws = step.ar_next  # [B]
+        rows = np.flatnonzero(draws)  # [Ba] batch rows, one logits row each
+        tokens = None  # [Ba]
+        if len(rows):
+            if self.grammar_output is not None:
+                apply_grammar(logits, self.grammar_output, {step.req_ids[i]: k for k, i in enumerate(rows)})
+            raw_logits = logits
+            logits = self.edited(logits, states, rows)
+            logits = self.end_thinking(logits, lambda: np.arange(len(rows)))
+            counts = draws.astype(np.int64)
+            tokens = sample(logits, self.sampling_batch(counts, counts), self.mask_id)
+        sampled = np.full((len(step.req_ids), 2), -1, dtype=np.int32)  # width 2 keeps -1 padding
+        if tokens is not None:
+            sampled[draws, 0] = tokens.cpu().numpy()
+        self.next_windows, self.unforwarded = {}, {}
+        logprobs = None
+        if tokens is not None and any(state.logprobs for state in states):
+            logprobs = self.returned_logprobs(raw_logits, tokens, np.full(len(rows), AR_NEXT_ROW, np.int8), states,
+                                              sampled, np.zeros(0, np.int64), np.zeros_like(draws),
+                                              np.zeros(len(draws), np.int64))
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, tokens: torch.Tensor | None,
