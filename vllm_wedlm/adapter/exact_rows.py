@@ -337,12 +337,14 @@ class ExactRows(RowLayout):
         draws = step.ar_next  # [B]
         rows = np.flatnonzero(draws)  # [Ba] batch rows, one logits row each
         tokens = None  # [Ba]
+        raw_logits = logits  # [Ba, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if len(rows):
             if self.grammar_output is not None:
                 apply_grammar(logits, self.grammar_output, {step.req_ids[i]: k for k, i in enumerate(rows)})
-            raw_logits = logits
             logits = self.edited(logits, states, rows)
-            logits = self.end_thinking(logits, lambda: np.arange(len(rows)))
+        # Every step, as the general path: vLLM's budget state follows the batch's output lists.
+        logits = self.end_thinking(logits, lambda: np.arange(len(rows)))
+        if len(rows):
             counts = draws.astype(np.int64)
             tokens = sample(logits, self.sampling_batch(counts, counts), self.mask_id)
         sampled = np.full((len(step.req_ids), 2), -1, dtype=np.int32)  # width 2 keeps -1 padding
@@ -350,7 +352,7 @@ class ExactRows(RowLayout):
             sampled[draws, 0] = tokens.cpu().numpy()
         self.next_windows, self.unforwarded = {}, {}
         logprobs = None
-        if tokens is not None and any(state.logprobs for state in states):
+        if any(state.logprobs for state in states):  # as the general path: also in a step of prefill chunks alone
             logprobs = self.returned_logprobs(raw_logits, tokens, np.full(len(rows), AR_NEXT_ROW, np.int8), states,
                                               sampled, np.zeros(0, np.int64), np.zeros_like(draws),
                                               np.zeros(len(draws), np.int64))
