@@ -13,7 +13,7 @@ import pytest
 
 from conftest import VARIANTS
 from engines import running_llm
-from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards
+from vllm_wedlm.evaluation import graph_modes, graph_modes_since, request_forwards, vllm_steps
 
 WINDOW = 8
 MAX_TOKENS = 40
@@ -47,18 +47,21 @@ def runs(request, tiny_checkpoints):
         ar_server = token_ids(ar_engine.generate(PROMPTS, greedy(), use_tqdm=False))
     runs = {"ar_server": ar_server}
     with running_llm(path, dtype="float32", additional_config={"decoding": "wedlm", "window_size": WINDOW}) as llm:
-        start = request_forwards(llm)
+        start, vllm_start = request_forwards(llm), vllm_steps(llm)
         runs["ar_alone"] = token_ids(llm.generate(PROMPTS, greedy(wedlm_decoding="ar"), use_tqdm=False))
         runs["ar_alone_forwards"] = request_forwards(llm) - start
-        start = request_forwards(llm)
+        runs["ar_alone_vllm_steps"] = vllm_steps(llm) - vllm_start
+        start, vllm_start = request_forwards(llm), vllm_steps(llm)
         runs["wedlm_alone"] = token_ids(llm.generate(PROMPTS, greedy(), use_tqdm=False))
         runs["wedlm_alone_forwards"] = request_forwards(llm) - start
+        runs["wedlm_alone_vllm_steps"] = vllm_steps(llm) - vllm_start
         # Both modes of every prompt in one batch, interleaved; "wedlm" spelt out or left default.
         mixed_params = [greedy(wedlm_decoding=mode) if mode != "default" else greedy()
                         for _ in PROMPTS for mode in ("ar", "default")]
-        start = request_forwards(llm)
+        start, vllm_start = request_forwards(llm), vllm_steps(llm)
         mixed = token_ids(llm.generate([p for p in PROMPTS for _ in range(2)], mixed_params, use_tqdm=False))
         runs["mixed_forwards"] = request_forwards(llm) - start
+        runs["mixed_vllm_steps"] = vllm_steps(llm) - vllm_start
         runs["mixed_ar"], runs["mixed_wedlm"] = mixed[0::2], mixed[1::2]
         from vllm import SamplingParams
 
@@ -85,6 +88,15 @@ def test_ar_requests_are_not_counted_as_wedlm_windows(runs):
     assert runs["ar_alone_forwards"] == 0
     assert runs["wedlm_alone_forwards"] > 0
     assert runs["mixed_forwards"] == runs["wedlm_alone_forwards"]
+
+
+def test_steps_of_ar_requests_alone_are_vllms_own(runs):
+    """With no request in windows, each step after the prompts' is vLLM's AR step, run whole
+    (model_runner.py); a step with a WeDLM request never is. The tokens are checked above."""
+    assert runs["ar_alone_vllm_steps"] >= MAX_TOKENS - 1
+    assert runs["wedlm_alone_vllm_steps"] == 0
+    # Once the WeDLM requests of a mixed batch finish, its AR requests' last steps may be vLLM's.
+    assert runs["mixed_vllm_steps"] < runs["ar_alone_vllm_steps"]
 
 
 def test_a_bad_mode_is_refused_and_the_engine_keeps_serving(runs):

@@ -82,6 +82,11 @@ def request_forwards(llm) -> int:
     return sum(llm.collective_rpc("wedlm_request_forwards"))
 
 
+def vllm_steps(llm) -> int:
+    """Steps a WeDLM ``vllm.LLM`` has handed to vLLM whole (AR requests alone), summed over its workers."""
+    return sum(llm.collective_rpc("wedlm_vllm_steps"))
+
+
 def start_window_trace(llm) -> None:
     """Record the W of every window a WeDLM ``vllm.LLM`` plans from now on (``window_histogram``)."""
     llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))

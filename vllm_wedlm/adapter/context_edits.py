@@ -115,12 +115,17 @@ class RowContextEdits:
                 grown[: self.history.shape[0]] = self.history
             self.history = grown
         for i in np.flatnonzero(edited):
-            if not states[i].history_started:  # its slot may hold an earlier request's tokens
+            # A new request's slot may hold an earlier request's tokens, and an AR request's tokens
+            # that steps vLLM ran whole forwarded (model_runner.py) were not recorded: its history is
+            # written afresh from what vLLM holds (an output placeholder of async scheduling, not
+            # known yet, stays unknown).
+            if states[i].history_at != runner.wedlm_vllm_steps:
                 slot = int(step.slots[i])
-                prompt = runner.requests[step.req_ids[i]].prompt_token_ids or []
+                request = runner.requests[step.req_ids[i]]
+                known = torch.tensor((request.prompt_token_ids or []) + request.output_token_ids, dtype=torch.long)
                 self.history[slot] = UNKNOWN
-                self.history[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.long).to(device)
-                states[i].history_started = True
+                self.history[slot, : len(known)] = torch.where(known >= 0, known, UNKNOWN).to(device)
+                states[i].history_at = runner.wedlm_vllm_steps
         num_reqs = len(states)
         bounds = runner.query_start_loc.np[: num_reqs + 1].astype(np.int64)
         token_request = np.repeat(np.arange(num_reqs), np.diff(bounds))  # [T]

@@ -58,6 +58,8 @@ def first_logits_rows(step: StepRows) -> np.ndarray:
 class ExactRows(RowLayout):
     """Exact window rows under vLLM's synchronous scheduling (``row_layout.py``)."""
 
+    vllm_ar_steps = True  # what it keeps between steps is each window's, and such a step has none
+
     def __init__(self, runner, window_step):
         super().__init__(runner, window_step)
         # What the last step planned, for the scheduler: each request's next window (its input ids,
@@ -503,6 +505,9 @@ class ExactRows(RowLayout):
         accepted = accept_drafts(check_tokens, drafts.to(self.device, non_blocking=True))
         return verify_windows(planned, torch.from_numpy(w_checks).to(self.device, non_blocking=True), accepted,
                               check_tokens, window_size, self.mask_id)
+
+    def vllm_sampled(self) -> None:
+        self.next_windows, self.unforwarded = {}, {}
 
     def runner_output(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
         """vLLM's output with each request's next window, which the scheduler sends as drafts."""

@@ -15,6 +15,11 @@ them:
 * ``_sample``: the layout runs ``core`` (entropy, selection, sampling, commit, refill) instead of
   vLLM's sampler. A step's sampled tokens are what each request returns now;
 * ``sample_tokens``: the layout adds what its scheduler reads (exact rows: each next window).
+
+A step in which no request can hold a window (every request of the engine decodes AR, none is
+mid-prefill, no drafts) is vLLM's own AR step, so with exact rows vLLM runs it whole: its logits
+rows, its sampler (the same draws, edits, grammars and log-probs) and none of the layout's host
+work, which on a host-bound model is most of such a step's time (issue 41).
 """
 
 from __future__ import annotations
@@ -93,6 +98,12 @@ class WeDLMRunnerMixin:
             refuse_on_fixed_rows([type(p).__qualname__ for p in self.wedlm_custom_processors])
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
         self.wedlm_requests: dict[str, RequestState] = {}
+        # Requests of the engine that decode in windows (not AR): while there are none, a step
+        # without a prefill chunk is vLLM's own AR step (``_hands_step_to_vllm``).
+        self.wedlm_windowed: set[str] = set()
+        # Steps vLLM ran whole (its inputs and sampler), and whether the one in flight is one.
+        self.wedlm_vllm_steps = 0
+        self.wedlm_vllm_samples = False
         # Plain WeDLM requests with structured outputs decode in windows here (else AR), and the
         # runner follows each one's grammar (grammar_rows.py).
         self.wedlm_grammars = WindowGrammars(self.vllm_config)
@@ -137,6 +148,9 @@ class WeDLMRunnerMixin:
             if state is not None:
                 self.wedlm_table.release(state.slot)
                 self.wedlm_grammars.forget(req_id)
+            self.wedlm_windowed.discard(req_id)
+        self.wedlm_windowed.update(new.req_id for new in scheduler_output.scheduled_new_reqs
+                                   if not decodes_ar(new.sampling_params))
         return super()._update_states(scheduler_output)
 
     def _request_state(self, req_id: str) -> RequestState:
@@ -160,8 +174,23 @@ class WeDLMRunnerMixin:
 
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
-        super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        prepared = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        self.wedlm_vllm_samples = self._hands_step_to_vllm(scheduler_output)
+        if self.wedlm_vllm_samples:
+            self.wedlm_vllm_steps += 1
+            return prepared  # vLLM's logits rows: each request's last
         return self.wedlm_rows.prepare(scheduler_output, num_scheduled_tokens)
+
+    def _hands_step_to_vllm(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether vLLM runs this step as its own AR step: the layout lets it (``RowLayout.vllm_ar_steps``),
+        no request of the engine decodes in windows, no drafts are scheduled, and every request
+        forwards up to its last token, so each draws one token from its last row as vLLM's sampler
+        would. (A prefill chunk's draw vLLM discards, rewinding its generator, which a CPU generator
+        cannot: the layout draws nothing for it.)"""
+        num_reqs = self.input_batch.num_reqs
+        return (self.wedlm_rows.vllm_ar_steps and not self.wedlm_windowed
+                and not scheduler_output.scheduled_spec_decode_tokens
+                and not self.discard_request_mask.np[:num_reqs].any())
 
     def _prepare_input_ids(self, *args, **kwargs):
         self.wedlm_rows.before_input_ids()
@@ -174,6 +203,8 @@ class WeDLMRunnerMixin:
         return _NO_SPEC_DECODE_ROWS
 
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata) -> SamplerOutput:
+        if self.wedlm_vllm_samples:
+            return super()._sample(logits, spec_decode_metadata)
         return self.wedlm_rows.sample(logits)
 
     def _dummy_run(self, num_tokens: int, *args, **kwargs):
@@ -222,6 +253,11 @@ class WeDLMRunnerMixin:
     def sample_tokens(self, grammar_output):
         # vLLM would apply the grammar masks at its own rows (one per request, plus its drafts');
         # the layout applies them at the structured-output requests' rows of a WeDLM step.
+        if self.wedlm_vllm_samples:  # vLLM's own AR step: its grammar masks too
+            output = super().sample_tokens(grammar_output)
+            self.wedlm_vllm_samples = False
+            self.wedlm_rows.vllm_sampled()
+            return self.wedlm_rows.runner_output(output)
         self.wedlm_rows.grammar_output = grammar_output
         return self.wedlm_rows.runner_output(super().sample_tokens(None))
 
@@ -236,6 +272,11 @@ class WeDLMWorkerMixin:
     def wedlm_mask_id(self) -> int:
         """The mask token id the runner fills windows with: ``llm.collective_rpc("wedlm_mask_id")``."""
         return self.model_runner.wedlm_mask_id
+
+    def wedlm_vllm_steps(self) -> int:
+        """Steps vLLM ran as its own AR steps (no request of the engine in windows):
+        ``llm.collective_rpc("wedlm_vllm_steps")``."""
+        return self.model_runner.wedlm_vllm_steps
 
     def wedlm_graph_modes(self) -> dict[str, int]:
         """Steps run per CUDA graph mode so far: ``llm.collective_rpc("wedlm_graph_modes")``."""

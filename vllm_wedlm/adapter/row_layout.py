@@ -62,7 +62,9 @@ class RequestState:
     min_p: float = 0.0  # vLLM's min_p, applied when a row is sampled
     # Its penalties and bad words, which read the tokens before each row (None: none).
     context_edits: ContextEdits | None = None
-    history_started: bool = False  # its prompt is in the token history of context_edits.py
+    # The runner's count of steps vLLM ran whole when its token history (context_edits.py) was
+    # written: those steps record nothing, so a history older than one is written again.
+    history_at: int | None = None
     logprobs: bool = False  # asks for the log-probs of its tokens (token_logprobs.py)
     logprob_token_ids: tuple[int, ...] | None = None  # ... of these token ids rather than the top K
     # Structured outputs decoded in windows: the runner follows its grammar (grammar_rows.WindowGrammars).
@@ -124,6 +126,9 @@ class RowLayout:
 
     # Whether windows forward a fixed number of rows (what ``window_step.compiled_window_step`` compiles).
     fixed_rows = False
+    # Whether vLLM may run a step with no window and no prefill chunk whole, as its own AR step
+    # (``WeDLMRunnerMixin._hands_step_to_vllm``): the layout keeps no state of such a step.
+    vllm_ar_steps = False
 
     def __init__(self, runner, window_step):  # runner: model_runner.WeDLMRunnerMixin
         self.runner = runner
@@ -155,6 +160,9 @@ class RowLayout:
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """The step's WeDLM work on its logits rows, in place of vLLM's sampler."""
         raise NotImplementedError
+
+    def vllm_sampled(self) -> None:
+        """vLLM ran the step as its own AR step (``vllm_ar_steps``): before ``runner_output``."""
 
     def runner_output(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
         """What the runner returns to the scheduler for the step (vLLM's, or more)."""
