@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import forget_vllm_environment
 from vllm_wedlm.engine_settings import engine_kwargs
 
 
@@ -24,6 +25,7 @@ def running_llm(model: Path, **overrides) -> Iterator:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+        forget_vllm_environment()  # the next engine may run under other variables
 
 
 def kv_bytes_per_token(config) -> int:

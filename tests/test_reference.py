@@ -182,3 +182,72 @@ def test_window_shrinks_only_at_max_model_len(sharper_model):
     expected, forwards = literal_wedlm(model, prompt, 16, 0.4, 0.02, 1000, mask, max_model_len=50)
     assert out.token_ids == expected and len(expected) == 50 - len(prompt)
     assert out.num_forwards == forwards and out.finish_reason == "length"
+
+
+def ar_greedy_with_logprobs(model, prompt: list[int], count: int) -> tuple[list[int], list[float]]:
+    """Greedy next-token decoding with transformers (full recompute each token), and the log-prob of
+    each token drawn."""
+    sequence, logprobs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(count):
+            row = torch.log_softmax(model(input_ids=torch.tensor([sequence])).logits[0, -1].float(), -1)
+            sequence.append(int(row.argmax()))
+            logprobs.append(float(row[sequence[-1]]))
+    return sequence[len(prompt):], logprobs
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["plain", "lossless"])
+def test_windows_of_w0_throughout_are_ar_decoding(sharp_model, lossless):
+    """W 0 is an AR step (the adaptive window's floor): one forward, one token, AR's token."""
+    model, mask = sharp_model
+    prompt = [5, 17, 33, 8, 2, 41]
+    expected, expected_logprobs = ar_greedy_with_logprobs(model, prompt, 20)
+    out = ReferenceDecoder(model, mask, 8).generate(prompt, StopRule(max_tokens=20), WeDLMParams(0.4, 0.02, lossless),
+                                                    window_sizes=[0] * 40)
+    assert out.token_ids == expected
+    assert out.num_forwards == 20 and out.runs == [1] * 20
+    if not lossless:
+        assert out.logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["plain", "lossless"])
+def test_ar_steps_then_windows_continue_from_the_ar_tokens(sharp_model, lossless):
+    """After j AR steps a request holds AR's first j tokens, the last one leading its window: its
+    windows from there on are those of a request whose prompt ends with them."""
+    model, mask = sharp_model
+    prompt, j, n = [5, 17, 33, 8, 2, 41], 5, 30
+    decoder = ReferenceDecoder(model, mask, 8)
+    params = WeDLMParams(0.4, 0.02, lossless)
+    out = decoder.generate(prompt, StopRule(max_tokens=n), params, window_sizes=[0] * j)
+    ar, _ = ar_greedy_with_logprobs(model, prompt, j)
+    rest = decoder.generate(prompt + ar, StopRule(max_tokens=n - j), params)
+    assert out.token_ids == ar + rest.token_ids
+    assert out.num_forwards == j + rest.num_forwards
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["plain", "lossless"])
+def test_windows_then_ar_steps_continue_greedily_from_the_committed_tokens(sharp_model, lossless):
+    """A window that falls to W 0 commits its leading run (a lossless one its verified slot 0),
+    drops its other fills, and every token after that is AR's from what was committed."""
+    model, mask = sharp_model
+    prompt, k, n = [5, 17, 33, 8, 2, 41], 3, 30
+    out = ReferenceDecoder(model, mask, 16).generate(prompt, StopRule(max_tokens=n), WeDLMParams(1e9, 0.0, lossless),
+                                                     window_sizes=[16] * k + [0] * n)
+    # The tokens committed by the k window forwards (a plain window's last run is returned before the
+    # AR step; a lossless one's slot 0, which that step commits, is AR's token already).
+    committed = sum(out.runs[:k])
+    assert committed >= k  # the windows committed something (tau 1e9 fills them whole)
+    ar, _ = ar_greedy_with_logprobs(model, prompt + out.token_ids[:committed], n - committed)
+    assert out.token_ids[committed:] == ar
+    assert out.runs[k + 1:] == [1] * (len(out.runs) - k - 1)
+
+
+def test_lossless_decoding_is_ar_decoding_at_every_w_sequence(sharp_model):
+    """Lossless windows give AR's tokens whatever their W, W 0 included, in any order."""
+    model, mask = sharp_model
+    prompt = [5, 17, 33, 8, 2, 41]
+    expected, _ = ar_greedy_with_logprobs(model, prompt, 32)
+    for sizes in ([4, 0, 0, 8, 1, 0, 16, 0, 2] * 6, [0, 16] * 20, [16, 16, 0] * 20):
+        out = ReferenceDecoder(model, mask, 8).generate(prompt, StopRule(max_tokens=32),
+                                                        WeDLMParams(0.4, 0.02, lossless=True), window_sizes=sizes)
+        assert out.token_ids == expected, sizes

@@ -21,6 +21,7 @@ import torch
 from vllm_wedlm.core.batch import (
     WindowBatch,
     finish_windows,
+    leading_filled,
     plan_windows,
     verification_drafts,
     verification_rows,
@@ -86,13 +87,15 @@ class ReferenceDecoder:
 
         ``window_sizes``: W of each window planned, in order (the first forward's, the second's,
         ...), where the engine sized each window itself (``--wedlm-window-size auto``; the engine's
-        record: ``wedlm_trace_window_sizes``); past its end, ``window_size``.
+        record: ``wedlm_trace_window_sizes``); past its end, ``window_size``. W 0 is an AR step
+        (``_ar_step``): the forward commits the window's leading run and draws one token from the
+        last committed row, so that a sequence of zeros is AR decoding.
         """
         sampling = SamplingSpec() if sampling is None else sampling  # greedy by default
         prompt_len = len(prompt_ids)
         if stop.max_model_len is not None and prompt_len >= stop.max_model_len:
             raise ValueError(f"a prompt of {prompt_len} tokens leaves no room below max_model_len {stop.max_model_len}")
-        sizes = [validate_window_size(w) for w in window_sizes]
+        sizes = [w if w == 0 and type(w) is int else validate_window_size(w) for w in window_sizes]
 
         def size(k: int) -> int:  # W of the k-th window planned
             return sizes[k] if k < len(sizes) else self.window_size
@@ -111,6 +114,28 @@ class ReferenceDecoder:
         filled_logprob: dict[int, float] = {}  # plain: absolute position -> its filling row's log-prob
         logprobs: list[float] = []
         while True:
+            if size(num_forwards) == 0:  # an AR step: it commits the window's run, then draws one token
+                lead = int(leading_filled(windows.filled)[0])
+                # A plain window's leading run; a lossless one's slot 0 (its fills are unverified).
+                run = windows.tokens[0, : min(lead, 1) if params.lossless else lead].tolist()
+                kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
+                if not params.lossless:  # returned before the forward, as a window's run
+                    if num_forwards:
+                        runs.append(kept)
+                    logprobs += [filled_logprob.pop(len(sequence) + i) for i in range(kept)]
+                    if reason is not None:
+                        return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs, logprobs)
+                draw, logprob = self._ar_draw(sequence + run, sampling)
+                num_forwards += 1
+                if params.lossless:  # returned with its forward, as a verified run
+                    runs.append(kept)
+                    if reason is not None:
+                        return ReferenceOutput(sequence[prompt_len:] + run[:kept], num_forwards, reason, runs)
+                sequence.extend(run)
+                filled_logprob = {len(sequence): logprob}  # the window's other fills are dropped
+                windows = WindowBatch.empty(1, windows.capacity, self.mask_token_id)
+                windows.tokens[0, 0], windows.filled[0, 0] = draw, True  # the next window's slot 0
+                continue
             plan = plan_windows(windows, size(num_forwards), torch.tensor([len(sequence)]), limit)
             n, num_masks = int(plan.windows.length[0]), int(plan.num_masks[0])
             num_rows = verification_rows(plan.windows, torch.tensor([params.lossless]))  # [1]
@@ -142,8 +167,9 @@ class ReferenceDecoder:
                 # The check rows' own draws decide (core.sampling.verify): no second draw.
                 accepted = accept_drafts(tokens[:checks], drafts)
                 # A rejection cuts the window to the next plan's W (the engine's order).
+                # (A next window of W 0 still keeps the token after the run: its AR step commits it.)
                 verified, num_commit = verify_windows(plan.windows, num_rows, accepted, tokens[:checks],
-                                                      size(num_forwards), self.mask_token_id)
+                                                      max(size(num_forwards), 1), self.mask_token_id)
             if params.lossless:  # its run is known once verified, and returned then
                 run = plan.windows.tokens[0, : int(num_commit[0])].tolist()
                 kept, reason = _stop_point(len(sequence) - prompt_len, len(sequence), run, stop)
@@ -154,6 +180,14 @@ class ReferenceDecoder:
             mask_logits = rows[checks:]  # [num_masks, V], own rows, no shift
             windows = finish_windows(plan.windows, num_commit, row_entropy(mask_logits).cpu(), tokens[checks:],
                                      tau, lam, self.mask_token_id, verified)
+
+    def _ar_draw(self, context: list[int], sampling: SamplingSpec) -> tuple[int, float]:
+        """The token drawn from the last row of ``context`` and its log-prob: an AR step's forward
+        (vLLM's), which writes the KV of the run it commits and draws from its last row (with no run,
+        the last committed token's row, forwarded again)."""
+        logits = self._forward(context[:-1], torch.tensor(context[-1:]), torch.tensor([len(context) - 1]))  # [1, V]
+        draw = int(sample(logits, self._sampling([sampling], [1], ar_rows=1), self.mask_token_id)[0])
+        return draw, float(torch.log_softmax(logits[0].float(), -1)[draw])
 
     def _sampling(self, specs: list[SamplingSpec], rows: list[int], ar_rows: int) -> SamplingBatch:
         """The rows' sampling settings, the first ``ar_rows`` being next-token rows (the mask token
