@@ -24,6 +24,7 @@ from vllm_wedlm.core.window_policy import (
     SINGLE_SLOT_BONUS,
     StepCost,
     best_prefix_sizes,
+    choose_step,
     choose_window_sizes,
     every_usable_slot_pays,
     expected_commits,
@@ -195,3 +196,38 @@ def test_one_token_per_forward_stays_at_one_slot_where_rows_cost():
     assert float(one_slot) == pytest.approx(1 + COMMIT_AVERAGE_WEIGHT * SINGLE_SLOT_BONUS)
     assert float(two_slots) == pytest.approx(1 + COMMIT_AVERAGE_WEIGHT * (1 + CENSORED_BONUS))
     assert update_commit_estimate(1.0, 1, 1) == pytest.approx(float(one_slot))  # the scheduler's scalars
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_step_chosen_is_the_best_of_every_choice_and_an_ar_step(seed):
+    """``choose_step``: the windows' best choice, or W 0 throughout (an AR step, one token per
+    request), whichever commits more tokens per second."""
+    rng = random.Random(seed)
+    batch, max_window = rng.randint(1, 3), rng.randint(1, 4)
+    estimate = torch.tensor([rng.choice([0.6, 1.0, 1.2, rng.uniform(0.5, 9.0)]) for _ in range(batch)])
+    cost = StepCost(fixed=rng.uniform(0.5, 2.0), per_row=rng.choice([0.0, 0.01, 0.1]), knee=rng.choice([0, 2, 6]))
+    ar_step = cost.fixed * rng.uniform(0.3, 1.5)
+    run_rows = estimate.clamp(0, max_window)
+    chosen = choose_step(estimate, max_window, cost, ar_step)
+    assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
+    ar_rate = batch / ar_step
+    best = max([ar_rate] + [rate(estimate, torch.tensor(sizes), cost, run_rows)
+                            for sizes in itertools.product(range(1, max_window + 1), repeat=batch)])
+    if (chosen == 0).all():
+        assert ar_rate == pytest.approx(best, rel=1e-9)
+    else:
+        assert ((1 <= chosen) & (chosen <= max_window)).all()
+        assert rate(estimate, chosen, cost, run_rows) == pytest.approx(best, rel=1e-9)
+
+
+def test_uncertain_text_falls_to_ar_steps_where_they_are_cheaper_and_predictable_text_keeps_windows():
+    """On the micro's host-bound curve, with an AR step 0.8 of a window step's fixed cost (the
+    plugin's host work): windows committing one token per forward lose to AR, windows committing
+    six win; where an AR step costs as much as a window step, even one token per forward keeps the
+    windows at W 1 (the same token, and the estimate that lets W grow again)."""
+    cost = step_cost(MICRO, 256)
+    uncertain, predictable = torch.full((8,), 1.0), torch.full((8,), 6.0)
+    assert (choose_step(uncertain, 16, cost, 0.8 * cost.fixed) == 0).all()
+    assert (choose_step(predictable, 16, cost, 0.8 * cost.fixed) > 1).all()
+    assert (choose_step(uncertain, 16, cost, 1.2 * cost.fixed) >= 1).all()
+    assert choose_step(torch.zeros(0), 16, cost, 1.0).shape == (0,)

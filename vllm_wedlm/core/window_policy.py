@@ -32,6 +32,11 @@ decreasing per request and the cost convex in rows, so tokens per second rise th
 order and the best prefix is the best choice of all (``tests/test_window_policy.py`` checks it
 against every choice). A slot expected to commit less than ``MIN_SLOT_GAIN`` is never added: no row
 is quite free (its logits row, its share of host work).
+
+``choose_step`` adds the floor, W 0 (an AR step, ``reference/decoder.py`` replays it): where the best
+windows are expected to commit fewer tokens per second than an AR step of the batch (one token per
+request, at the AR step's own measured cost), every request steps AR. The engine does not take W 0
+yet (issue 41: the scheduler's step timing and the runner's switch are still to come).
 """
 
 from __future__ import annotations
@@ -160,3 +165,22 @@ def best_prefix_sizes(estimate: torch.Tensor, max_window: int, cost: StepCost, r
     added = torch.zeros_like(extra, dtype=torch.int64)
     added[order[:best]] = 1
     return 1 + added.view(batch, max_window - 1).sum(1)
+
+
+def choose_step(estimate: torch.Tensor, max_window: int, cost: StepCost, ar_step: float,
+                run_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """[B] int64 in [0, max_window]: ``choose_window_sizes``'s windows, or W 0 for every request (an
+    AR step of the whole batch) where that is expected to commit more tokens per second.
+
+    ``ar_step``: the seconds of an AR step of this batch (vLLM's own step, which commits one token per
+    request whatever the text). On a host-bound model a window step costs more than an AR step (its
+    mask rows, its host work), so where windows commit about one token per forward (uncertain text)
+    AR is faster; a tie goes to AR, the cheaper step to run. The choice is the batch's, not each
+    request's: the saving comes from the step being vLLM's whole (no window of any request)."""
+    sizes = choose_window_sizes(estimate, max_window, cost, run_rows)
+    if not sizes.numel():
+        return sizes
+    if run_rows is None:
+        run_rows = estimate.clamp(0, max_window)
+    window_rate = expected_commits(estimate, sizes).sum() / cost(run_rows.double().sum() + sizes.sum())
+    return torch.zeros_like(sizes) if sizes.numel() / ar_step >= float(window_rate) else sizes
