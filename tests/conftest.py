@@ -7,7 +7,6 @@ the plugin's local classes were used and the remote code never ran.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,12 +14,6 @@ import pytest
 
 from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
 from vllm_wedlm.models.configuration_wedlm import BODIES
-
-# Each ``vllm.LLM`` of the tests runs its engine core inside the test process (vLLM's own in-process
-# client) rather than in a process of its own: a new process imports torch and vLLM afresh, about
-# half a minute on two cores, for each of the suite's engines. ``vllm serve`` processes are
-# multiprocess whatever this says (the API server always is). Set before vLLM reads it.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 VARIANTS = tuple(BODIES)  # the published bodies: ("qwen2", "qwen3")
 
@@ -53,8 +46,8 @@ def variant(request) -> str:
 
 @pytest.fixture(autouse=True)
 def vllm_reads_the_environment_afresh():
-    """vLLM caches its environment variables once an engine core has started, which in-process is the
-    test process's: each test (and each engine, ``engines.running_llm``) reads them afresh."""
+    """vLLM caches its environment variables once an engine core has started, which in-process
+    (``engines.running_llm``) is the test process's: each test reads them afresh."""
     yield
     forget_vllm_environment()
 

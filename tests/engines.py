@@ -4,21 +4,42 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from conftest import forget_vllm_environment
-from vllm_wedlm.engine_settings import engine_kwargs
+from vllm_wedlm.engine_settings import engine_kwargs, on_gpu
+
+#: vLLM's switch between an engine core in a process of its own and one in the caller's.
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 @contextlib.contextmanager
 def running_llm(model: Path, **overrides) -> Iterator:
-    """A ``vllm.LLM`` on ``model`` for the duration of the block, its engine process stopped after."""
+    """A ``vllm.LLM`` on ``model`` for the duration of the block, its engine core stopped after.
+
+    On the CPU the engine core runs inside the test process (vLLM's in-process client): a process of
+    its own imports torch and vLLM afresh, about half a minute on two cores for each of the suite's
+    engines, which the CI's time limit cannot afford. Only the engine's construction sees the
+    switch, so processes the tests start meanwhile (``vllm serve``, the demo) run as users run them.
+    Not on a GPU, where memory an engine leaves in the test process would shrink the next one's share.
+    """
     from vllm import LLM
 
-    llm = LLM(str(model), **engine_kwargs(**overrides))
+    before = os.environ.get(MULTIPROCESSING_ENV)
+    if not on_gpu():
+        os.environ[MULTIPROCESSING_ENV] = "0"
+    try:
+        llm = LLM(str(model), **engine_kwargs(**overrides))
+    finally:
+        if before is None:
+            os.environ.pop(MULTIPROCESSING_ENV, None)
+        else:
+            os.environ[MULTIPROCESSING_ENV] = before
+        forget_vllm_environment()  # cached by the engine core's start, in this process
     try:
         yield llm
     finally:
