@@ -15,6 +15,9 @@ from vllm_wedlm.engine_settings import engine_kwargs, on_gpu
 
 #: vLLM's switch between an engine core in a process of its own and one in the caller's.
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+#: In-process engines alive now: at most one, as vLLM's parallel groups are the process's (a
+#: second one's shutdown would tear down the first's); an engine started beside one gets a process.
+_in_process_engines: list[object] = []
 
 
 @contextlib.contextmanager
@@ -25,12 +28,14 @@ def running_llm(model: Path, **overrides) -> Iterator:
     its own imports torch and vLLM afresh, about half a minute on two cores for each of the suite's
     engines, which the CI's time limit cannot afford. Only the engine's construction sees the
     switch, so processes the tests start meanwhile (``vllm serve``, the demo) run as users run them.
-    Not on a GPU, where memory an engine leaves in the test process would shrink the next one's share.
+    Not on a GPU, where memory an engine leaves in the test process would shrink the next one's share,
+    nor beside another in-process engine (``_in_process_engines``).
     """
     from vllm import LLM
 
     before = os.environ.get(MULTIPROCESSING_ENV)
-    if not on_gpu():
+    in_process = not on_gpu() and not _in_process_engines
+    if in_process:
         os.environ[MULTIPROCESSING_ENV] = "0"
     try:
         llm = LLM(str(model), **engine_kwargs(**overrides))
@@ -40,9 +45,13 @@ def running_llm(model: Path, **overrides) -> Iterator:
         else:
             os.environ[MULTIPROCESSING_ENV] = before
         forget_vllm_environment()  # cached by the engine core's start, in this process
+    if in_process:
+        _in_process_engines.append(llm)
     try:
         yield llm
     finally:
+        if in_process:
+            _in_process_engines.remove(llm)
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
