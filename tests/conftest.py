@@ -7,7 +7,6 @@ the plugin's local classes were used and the remote code never ran.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,20 +41,6 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session", params=VARIANTS)
 def variant(request) -> str:
     return request.param
-
-
-@pytest.fixture(autouse=True)
-def vllm_reads_the_environment_afresh():
-    """vLLM caches its environment variables once an engine core has started, which in-process
-    (``engines.running_llm``) is the test process's: each test reads them afresh."""
-    yield
-    forget_vllm_environment()
-
-
-def forget_vllm_environment() -> None:
-    envs = sys.modules.get("vllm.envs")
-    if envs is not None:
-        envs.disable_envs_cache()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from conftest import forget_vllm_environment
 from vllm_wedlm.engine_settings import engine_kwargs, on_gpu
 
 #: vLLM's switch between an engine core in a process of its own and one in the caller's.
@@ -44,7 +44,11 @@ def running_llm(model: Path, **overrides) -> Iterator:
             os.environ.pop(MULTIPROCESSING_ENV, None)
         else:
             os.environ[MULTIPROCESSING_ENV] = before
-        forget_vllm_environment()  # cached by the engine core's start, in this process
+        # An engine core's start turns on vLLM's cache of environment variables, in-process this
+        # process's: later engines (and tests) must read them afresh.
+        envs = sys.modules.get("vllm.envs")
+        if envs is not None:
+            envs.disable_envs_cache()
     if in_process:
         _in_process_engines.append(llm)
     try:
@@ -55,7 +59,6 @@ def running_llm(model: Path, **overrides) -> Iterator:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
-        forget_vllm_environment()  # the next engine may run under other variables
 
 
 def kv_bytes_per_token(config) -> int:

@@ -177,10 +177,10 @@ def choose_step(estimate: torch.Tensor, max_window: int, cost: StepCost, ar_step
     mask rows, its host work), so where windows commit about one token per forward (uncertain text)
     AR is faster; a tie goes to AR, the cheaper step to run. The choice is the batch's, not each
     request's: the saving comes from the step being vLLM's whole (no window of any request)."""
+    if run_rows is None:
+        run_rows = estimate.clamp(0, max_window)
     sizes = choose_window_sizes(estimate, max_window, cost, run_rows)
     if not sizes.numel():
         return sizes
-    if run_rows is None:
-        run_rows = estimate.clamp(0, max_window)
     window_rate = expected_commits(estimate, sizes).sum() / cost(run_rows.double().sum() + sizes.sum())
     return torch.zeros_like(sizes) if sizes.numel() / ar_step >= float(window_rate) else sizes

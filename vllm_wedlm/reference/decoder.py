@@ -88,7 +88,7 @@ class ReferenceDecoder:
         ``window_sizes``: W of each window planned, in order (the first forward's, the second's,
         ...), where the engine sized each window itself (``--wedlm-window-size auto``; the engine's
         record: ``wedlm_trace_window_sizes``); past its end, ``window_size``. W 0 is an AR step
-        (``_ar_step``): the forward commits the window's leading run and draws one token from the
+        (``_ar_draw``): the forward commits the window's leading run and draws one token from the
         last committed row, so that a sequence of zeros is AR decoding.
         """
         sampling = SamplingSpec() if sampling is None else sampling  # greedy by default
@@ -105,9 +105,7 @@ class ReferenceDecoder:
         if params.lossless:
             # The window starts with the model's own next token, drawn from the prompt's last row
             # (the engine's prefill forward, not counted below).
-            prompt_logits = self._forward(sequence[:-1], torch.tensor(sequence[-1:]), torch.tensor([prompt_len - 1]))
-            first = sample(prompt_logits, self._sampling([sampling], [1], ar_rows=1), self.mask_token_id)
-            windows.tokens[0, 0], windows.filled[0, 0] = first[0].cpu(), True
+            windows.tokens[0, 0], windows.filled[0, 0] = self._ar_draw(sequence, sampling)[0], True
         tau, lam = selection_tensors([params])
         limit = None if stop.max_model_len is None else torch.tensor([stop.max_model_len])
         num_forwards, runs = 0, []
