@@ -134,3 +134,41 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows):
                                       window_sizes=sizes)
         assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, f, sizes)
     assert len({w for sizes in by_request.values() for w in sizes}) >= 3, by_request
+
+
+#: W 0: an AR step of the whole batch where windows commit too little for their cost. The AR step's
+#: cost is fixed here (``ar_step_cost``), so the choice depends only on what the windows commit.
+AR_STEP_COST = 0.5
+
+
+@pytest.mark.parametrize("logit_scale", [1.0, 100.0], ids=["uncertain", "confident"])
+def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
+    """Plain windows on the synchronous engine take AR steps (W 0: vLLM's own step, every request one
+    token) where they commit little, and come back (a probe every few AR steps); every output is the
+    reference decoder's at the engine's W sequence, zeros included."""
+    from vllm import SamplingParams
+
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("ar-steps"), TinySpec(variant="qwen2", logit_scale=logit_scale))
+    config = WeDLMConfig.from_pretrained(checkpoint)
+    reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
+    wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU, "ar_step_cost": AR_STEP_COST}
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    with running_llm(checkpoint, dtype="float32", async_scheduling=False, additional_config=wedlm,
+                     max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET) as llm:
+        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+        vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps"))
+        forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+        forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
+        vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps")) - vllm_steps
+        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
+    expected_forwards = 0
+    for output, n in zip(outputs, MAX_TOKENS, strict=True):
+        sizes = by_request[output.request_id]
+        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n), WeDLMParams(TAU, 0.02),
+                                      window_sizes=sizes)
+        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, sizes)
+        expected_forwards += expected.num_forwards
+    assert forwards == expected_forwards
+    print(logit_scale, vllm_steps, forwards, [by_request[o.request_id] for o in outputs])

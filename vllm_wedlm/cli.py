@@ -18,6 +18,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from vllm_wedlm.config import (
+    AR_STEP_COST_KEY,
     ASYNC_PADDING_KEY,
     AUTO_WINDOW,
     DECODING_KEY,
@@ -25,6 +26,7 @@ from vllm_wedlm.config import (
     DEFAULT_DECODING,
     ENTROPY_THRESHOLD_KEY,
     LOSSLESS_KEY,
+    OFF,
     POS_PENALTY_KEY,
     WINDOW_SIZE_KEY,
     WINDOW_TOKENS_KEY,
@@ -46,6 +48,7 @@ _FLAG_KEYS = {
     "wedlm_decoding": DECODING_KEY,
     "wedlm_window_size": WINDOW_SIZE_KEY,
     "wedlm_window_tokens": WINDOW_TOKENS_KEY,
+    "wedlm_ar_step_cost": AR_STEP_COST_KEY,
     "wedlm_entropy_threshold": ENTROPY_THRESHOLD_KEY,
     "wedlm_pos_penalty": POS_PENALTY_KEY,
     "wedlm_lossless": LOSSLESS_KEY,
@@ -59,6 +62,10 @@ def _threshold(text: str) -> float | None:
 
 def _int_or_auto(text: str) -> int | str:
     return AUTO_WINDOW if text == AUTO_WINDOW else int(text)
+
+
+def _number_or_word(text: str) -> float | str:
+    return text if text in (AUTO_WINDOW, OFF) else float(text)
 
 
 def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +82,11 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        f"'--wedlm-window-size {AUTO_WINDOW}', at most --wedlm-window-size), taking this many "
                        "window rows per step as free (the step-cost model's knee; default 32, where the "
                        "Qwen3-8B shape's steps bend on an H200).")
+    group.add_argument("--wedlm-ar-step-cost", type=_number_or_word, default=argparse.SUPPRESS,
+                       help="WeDLM mode, adaptive window, synchronous engine: what an AR step of the whole batch "
+                       "(W 0, vLLM's own step) costs against a window step of one-slot windows; the window "
+                       "falls to W 0 where windows commit too little to pay for their rows (default "
+                       f"'{AUTO_WINDOW}': timed by the engine; '{OFF}': never).")
     group.add_argument("--wedlm-entropy-threshold", type=_threshold, default=argparse.SUPPRESS,
                        help=f"WeDLM mode: fill every mask whose adjusted entropy is below this "
                        f"(default {DEFAULT_PARAMS.entropy_threshold}; 'none' = one per step). "

@@ -34,6 +34,11 @@ WINDOW_SIZE_KEY = "window_size"
 #: ``window_size: "auto"`` turns it on with the default W as the most and the default knee.
 WINDOW_TOKENS_KEY = "window_tokens"
 AUTO_WINDOW = "auto"
+#: With the adaptive window on the synchronous engine: what an AR step (W 0 for the whole batch, vLLM's
+#: own step) costs against a window step of one-slot windows. "auto" (the default): timed by the
+#: engine; a positive number: that fraction, fixed; "off": no AR steps.
+AR_STEP_COST_KEY = "ar_step_cost"
+OFF = "off"
 ENTROPY_THRESHOLD_KEY = "entropy_threshold"
 POS_PENALTY_KEY = "pos_penalty"
 LOSSLESS_KEY = "lossless"
@@ -46,8 +51,8 @@ FIXED_ROWS_KEY = "fixed_window_rows"
 #: it waits for that step and forwards each window's exact rows. "auto" (the default): estimated
 #: from the model's size with async scheduling (``adapter/async_gate.py``), 0 without.
 ASYNC_PADDING_KEY = "async_padding_tokens"
-SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, WINDOW_TOKENS_KEY, ENTROPY_THRESHOLD_KEY, POS_PENALTY_KEY,
-                 LOSSLESS_KEY, FIXED_ROWS_KEY, ASYNC_PADDING_KEY)
+SETTINGS_KEYS = (DECODING_KEY, WINDOW_SIZE_KEY, WINDOW_TOKENS_KEY, AR_STEP_COST_KEY, ENTROPY_THRESHOLD_KEY,
+                 POS_PENALTY_KEY, LOSSLESS_KEY, FIXED_ROWS_KEY, ASYNC_PADDING_KEY)
 
 #: additional_config keys that vLLM 0.26.0 writes itself (``EngineArgs.create_engine_config`` stores
 #: ``--gdn-prefill-backend`` there); allowed beside the WeDLM settings.
@@ -105,6 +110,12 @@ class WeDLMSettings:
     window_tokens: int | None = None
     """The adaptive window's knee: rows a step takes at no extra cost (None: ``WINDOW_KNEE_TOKENS``)."""
 
+    ar_steps: bool = True
+    """The adaptive window may choose W 0, an AR step of the batch (``AR_STEP_COST_KEY`` not "off")."""
+
+    ar_step_cost: float | None = None
+    """An AR step's cost against a window step's of one-slot windows (None: timed by the engine)."""
+
     params: WeDLMParams = field(default_factory=lambda: DEFAULT_PARAMS)
     """Server defaults of the per-request knobs (tau, lambda, lossless)."""
 
@@ -150,8 +161,8 @@ class WeDLMSettings:
                 raise ValueError(
                     f"Unknown additional_config key(s) {_names(unknown)} with decoding 'wedlm'; the WeDLM "
                     f"settings are {_names(SETTINGS_KEYS)} (flags --decoding, --wedlm-window-size, "
-                    "--wedlm-window-tokens, --wedlm-entropy-threshold, --wedlm-pos-penalty, --wedlm-lossless, "
-                    "--wedlm-async-padding-tokens)."
+                    "--wedlm-window-tokens, --wedlm-ar-step-cost, --wedlm-entropy-threshold, --wedlm-pos-penalty, "
+                    "--wedlm-lossless, --wedlm-async-padding-tokens)."
                 )
         window_size = additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE)
         window_tokens = additional_config.get(WINDOW_TOKENS_KEY)
@@ -162,6 +173,12 @@ class WeDLMSettings:
             raise ValueError(f"window_size must be an integer in [1, 256] or {AUTO_WINDOW!r}, got {window_size!r}")
         window_size = validate_window_size(window_size)
         window_tokens = None if window_tokens is None else validate_window_tokens(window_tokens)
+        ar_step_cost = additional_config.get(AR_STEP_COST_KEY, AUTO_WINDOW)
+        if ar_step_cost not in (AUTO_WINDOW, OFF) and (isinstance(ar_step_cost, bool)
+                                                      or not isinstance(ar_step_cost, int | float)
+                                                      or not 0 < ar_step_cost <= 100):
+            raise ValueError(f"{AR_STEP_COST_KEY} must be a number in (0, 100], {AUTO_WINDOW!r} or {OFF!r}, "
+                             f"got {ar_step_cost!r}")
         params = WeDLMParams(
             entropy_threshold=threshold_value(additional_config.get(ENTROPY_THRESHOLD_KEY,
                                                                     DEFAULT_PARAMS.entropy_threshold)),
@@ -177,7 +194,8 @@ class WeDLMSettings:
         elif isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
             raise ValueError(f"{ASYNC_PADDING_KEY} must be a non-negative integer or {AUTO_WINDOW!r}, got {padding!r}")
         return cls(decoding=decoding, window_size=window_size, adaptive_window=adaptive_window,
-                   window_tokens=window_tokens, params=params,
+                   window_tokens=window_tokens, ar_steps=ar_step_cost != OFF,
+                   ar_step_cost=None if ar_step_cost in (AUTO_WINDOW, OFF) else float(ar_step_cost), params=params,
                    fixed_window_rows=fixed_window_rows, async_padding_tokens=padding)
 
     def with_fixed_window_rows(self, additional_config: dict) -> WeDLMSettings:

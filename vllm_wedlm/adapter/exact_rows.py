@@ -98,11 +98,15 @@ class ExactRows(RowLayout):
                 "(max_num_batched_tokens >= max_num_seqs * 2 * window_size)")
         completes_prefill = ~scheduled_drafts & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
         # An AR request draws its next token whenever it forwarded all its tokens (its prompt's
-        # last row first, then each last drawn token's), as vLLM's sampler would.
-        ar_next = completes_prefill & autoregressive
+        # last row first, then each last drawn token's), as vLLM's sampler would; so does a WeDLM
+        # request stepping AR (W 0: its leading run forwarded, its window dropped).
+        stepping_ar = completes_prefill & ~autoregressive & (batch.window_sizes == 0)
+        ar_next = completes_prefill & autoregressive | stepping_ar
         # A lossless request draws its first token from the prompt's last row too; after a
         # preemption it already holds it in its window.
         lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
+        if (stepping_ar & lossless).any():
+            raise RuntimeError(f"lossless WeDLM request {req_ids[int(np.argmax(stepping_ar & lossless))]} got W 0")
         first_token = completes_prefill & lossless
         if first_token.any():
             first_token &= np.fromiter((not s.has_window for s in states), bool, num_reqs)

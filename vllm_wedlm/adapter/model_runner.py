@@ -16,8 +16,8 @@ them:
   vLLM's sampler. A step's sampled tokens are what each request returns now;
 * ``sample_tokens``: the layout adds what its scheduler reads (exact rows: each next window).
 
-A step in which no request can hold a window (every request of the engine decodes AR, none is
-mid-prefill, no drafts) is vLLM's own AR step, so with exact rows vLLM runs it whole: its logits
+A step in which no request holds a window (each decodes AR, or takes an AR step now: the adaptive
+window's W 0; none is mid-prefill, no drafts) is vLLM's own AR step, so with exact rows vLLM runs it whole: its logits
 rows, its sampler (the same draws, edits, grammars and log-probs) and none of the layout's host
 work, which on a host-bound model is most of such a step's time (issue 41).
 """
@@ -40,6 +40,7 @@ from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
+from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 from vllm_wedlm.core.logit_edits import LogitEdits
@@ -175,21 +176,45 @@ class WeDLMRunnerMixin:
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray):
         prepared = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
-        self.wedlm_vllm_samples = self._hands_step_to_vllm(scheduler_output)
+        stepping_ar = self._step_ar(scheduler_output)
+        self.wedlm_vllm_samples = self._hands_step_to_vllm(scheduler_output, stepping_ar)
         if self.wedlm_vllm_samples:
             self.wedlm_vllm_steps += 1
             return prepared  # vLLM's logits rows: each request's last
         return self.wedlm_rows.prepare(scheduler_output, num_scheduled_tokens)
 
-    def _hands_step_to_vllm(self, scheduler_output: SchedulerOutput) -> bool:
+    def _step_ar(self, scheduler_output: SchedulerOutput) -> set[str]:
+        """The WeDLM requests that take an AR step now (the adaptive window's W 0,
+        ``adapter/window_sizer.py``): each drops the window it held (the step forwards only its
+        leading run, and its next window starts after the token drawn now). Its forward is counted
+        and, while a trace is on, recorded as W 0: in place of the W its dropped window was planned
+        with (that window would have been this forward's), else added."""
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
+        stepping_ar = {req_id for req_id, window_size in (chosen or {}).items() if window_size == 0}
+        trace = self.wedlm_window_trace
+        for req_id in stepping_ar:
+            state = self._request_state(req_id)
+            if trace is not None:
+                sizes = trace.setdefault(req_id, [])
+                if state.has_window and sizes:
+                    sizes[-1] = 0
+                else:
+                    sizes.append(0)
+            state.has_window = False
+        self.wedlm_request_forwards += len(stepping_ar)
+        return stepping_ar
+
+    def _hands_step_to_vllm(self, scheduler_output: SchedulerOutput, stepping_ar: set[str]) -> bool:
         """Whether vLLM runs this step as its own AR step: the layout lets it (``RowLayout.vllm_ar_steps``),
-        no request of the engine decodes in windows, no drafts are scheduled, and every request
-        forwards up to its last token, so each draws one token from its last row as vLLM's sampler
-        would. (A prefill chunk's draw vLLM discards, rewinding its generator, which a CPU generator
-        cannot: the layout draws nothing for it.)"""
+        no request of the step decodes in windows (each is decoded AR or takes an AR step now,
+        ``stepping_ar``), no drafts are scheduled, and every request forwards up to its last token, so
+        each draws one token from its last row as vLLM's sampler would. (A prefill chunk's draw vLLM
+        discards, rewinding its generator, which a CPU generator cannot: the layout draws nothing for
+        it.)"""
         num_reqs = self.input_batch.num_reqs
-        return (self.wedlm_rows.vllm_ar_steps and not self.wedlm_windowed
-                and not scheduler_output.scheduled_spec_decode_tokens
+        return (self.wedlm_rows.vllm_ar_steps and not scheduler_output.scheduled_spec_decode_tokens
+                and all(req_id in stepping_ar or req_id not in self.wedlm_windowed
+                        for req_id in scheduler_output.num_scheduled_tokens)
                 and not self.discard_request_mask.np[:num_reqs].any())
 
     def _prepare_input_ids(self, *args, **kwargs):

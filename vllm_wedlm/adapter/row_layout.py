@@ -202,12 +202,13 @@ class RowLayout:
         return [states[row].logprob_token_ids for row in batch_rows]
 
     def prompt_ends(self, step: StepRows) -> tuple[list[RequestState], np.ndarray, np.ndarray]:
-        """The step's request states, and which WeDLM-decoded rows finished a prompt with it: ``new``
-        ([B] bool) starts its first window now; ``resumed`` ([B] bool) was re-prefilled after a
-        preemption and keeps the window it had."""
+        """The step's request states, and which WeDLM-decoded rows finished a prompt with it (or the
+        token an AR step drew; not those stepping AR now, which draw): ``new`` ([B] bool) starts its
+        first window now; ``resumed`` ([B] bool) was re-prefilled after a preemption and keeps the
+        window it had."""
         states = [self.runner.wedlm_requests[req_id] for req_id in step.req_ids]
         has_window = np.fromiter((s.has_window for s in states), bool, len(states))
-        windowed = step.completes_prefill & ~step.autoregressive
+        windowed = step.completes_prefill & ~step.autoregressive & ~step.ar_next
         return states, windowed & ~has_window, windowed & has_window
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:

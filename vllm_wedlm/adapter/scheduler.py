@@ -59,6 +59,10 @@ class CommitStats:
 
 
 class WeDLMScheduler(Scheduler):
+    #: Whether the adaptive window may choose W 0, an AR step of the batch: a synchronous engine of
+    #: exact rows, which times its own steps and hands such a step to vLLM whole.
+    takes_ar_steps = True
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_sampled_tokens_per_step = 0
@@ -75,10 +79,18 @@ class WeDLMScheduler(Scheduler):
         # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
         self._held_prompt_logprobs: dict[str, object] = {}
         self._last_log = time.monotonic()
-        # The adaptive window: each request's W per step (None: always the server's W).
+        # The adaptive window: each request's W per step (None: always the server's W), W 0 included
+        # on this synchronous engine (an AR step of the whole batch, ``_steps_ar``).
         self._sizer = (WindowSizer(self.wedlm.window_size,
-                                   step_cost(self.vllm_config.model_config.hf_text_config, self.wedlm.window_tokens))
+                                   step_cost(self.vllm_config.model_config.hf_text_config, self.wedlm.window_tokens),
+                                   ar_steps=self.takes_ar_steps and self.wedlm.ar_steps,
+                                   ar_step_cost=self.wedlm.ar_step_cost)
                        if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
+        # Whether the step being scheduled is an AR step (W 0), when its schedule began, and what its
+        # time is counted as once it is back (batch, window rows or None for AR; None: not timed).
+        self._ar_step = False
+        self._step_began = 0.0
+        self._timed_step: tuple[int, int | None] | None = None
 
     def _decodes_ar(self, request) -> bool:
         return decodes_ar(request.sampling_params)
@@ -102,45 +114,102 @@ class WeDLMScheduler(Scheduler):
         """W of the window the runner holds for ``request`` (or plans in the step being scheduled)."""
         return self.wedlm.window_size if self._sizer is None else self._sizer.window_of(request.request_id)
 
+    def schedule(self, *args, **kwargs):
+        self._step_began = time.perf_counter()
+        self._ar_step = self._sizer is not None and self._sizer.ar_steps and self._steps_ar()
+        return super().schedule(*args, **kwargs)
+
+    def _steps_ar(self) -> bool:
+        """Whether the step about to be scheduled is an AR step (W 0) of every running WeDLM request
+        (``WindowSizer.steps_ar``); if so, their windows are sent without drafts: vLLM forwards each
+        one's leading run (output it already has) and the runner draws the next token from its last
+        row, as in vLLM's own AR step. A window with no run rewinds its last committed token, whose
+        row then draws (its KV is written again, the same values). Only where every such request can
+        step AR: plain windows with no grammar (a lossless window's first slot is still unverified;
+        a grammar window's state is the runner's)."""
+        windowed = [request for request in self.running if not self._decodes_ar(request)]
+        if not windowed or not all(self._plain_wedlm(r) and not r.use_structured_output for r in windowed):
+            return False
+        if not self._sizer.steps_ar([request.request_id for request in windowed]):
+            return False
+        for request in windowed:
+            if request.spec_token_ids:
+                request.spec_token_ids = []
+                if request.num_computed_tokens >= request.num_tokens:
+                    request.num_computed_tokens -= 1
+        return True
+
     def _update_after_schedule(self, scheduler_output) -> None:
         # vLLM advances num_computed_tokens by each request's scheduled tokens here, drafts
         # included (rejected ones are taken back in update_from_output): add first windows first,
         # of the W chosen for them now.
+        windowless = None
         if self._sizer is not None:
-            self._sizer.assign(scheduler_output, self._planning(scheduler_output))
-        self._first_windows = self._ride_first_windows(scheduler_output)
+            if self._sizer.ar_steps:
+                windowless = {req_id for req_id in scheduler_output.num_scheduled_tokens
+                              if not self._sizer.holds_window(req_id)}
+            stepping_ar = self._stepping_ar(scheduler_output) if self._ar_step else []
+            self._sizer.assign(scheduler_output, self._planning(scheduler_output, set(stepping_ar)), stepping_ar)
+        self._first_windows = self._ride_first_windows(scheduler_output, windowless)
+        self._timed_step = self._timing(scheduler_output) if self._sizer is not None and self._sizer.ar_steps else None
         super()._update_after_schedule(scheduler_output)
 
-    def _planning(self, scheduler_output) -> list[str]:
+    def _stepping_ar(self, scheduler_output) -> list[str]:
+        """The requests of an AR step that take W 0: the plain WeDLM requests without a grammar that
+        forward up to their last token (each draws one); a prompt's chunk draws nothing, and a
+        lossless or grammar request admitted now plans its window as always."""
+        return [req_id for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
+                if (request := self.requests[req_id]).num_computed_tokens + num_tokens >= request.num_tokens
+                and self._plain_wedlm(request) and not request.use_structured_output]
+
+    def _planning(self, scheduler_output, stepping_ar: set[str]) -> list[str]:
         """The WeDLM requests of a step that plan a window at its end: those whose window it forwards
-        and those whose prompt it completes, unless they had a window before a preemption (the runner
-        keeps it as it was, of the W it was planned with)."""
-        drafted, planned = scheduler_output.scheduled_spec_decode_tokens, self._sizer.planned
+        and those who hold no window and forward up to their last token (a prompt, or the token an AR
+        step drew), but not a request that had a window before a preemption (the runner keeps it as
+        it was, of the W it was planned with), nor those stepping AR."""
+        drafted = scheduler_output.scheduled_spec_decode_tokens
         planning = []
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
-            completes_prompt = request.num_computed_tokens + num_tokens >= request.num_tokens
-            if req_id in drafted or (completes_prompt and req_id not in planned
-                                     and not self._decodes_ar(request)):
+            completes = request.num_computed_tokens + num_tokens >= request.num_tokens
+            if req_id in drafted or (completes and not self._sizer.holds_window(req_id)
+                                     and req_id not in stepping_ar and not self._decodes_ar(request)):
                 planning.append(req_id)
         return planning
 
-    def _ride_first_windows(self, scheduler_output) -> dict[str, int]:
+    def _timing(self, scheduler_output) -> tuple[int, int | None] | None:
+        """What the step is timed as (``WindowSizer.timed``): (its requests, None) for an AR step,
+        (its requests, its rows) for a window step; None where a prompt's rows are in it (a new
+        request's, or a re-prefill longer than a window's run)."""
+        scheduled, drafted = scheduler_output.num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens
+        if not scheduled or scheduler_output.scheduled_new_reqs:
+            return None
+        if any(n - len(drafted.get(req_id, ())) > self.wedlm.window_size + 1 for req_id, n in scheduled.items()):
+            return None
+        return len(scheduled), None if self._ar_step else scheduler_output.total_num_scheduled_tokens
+
+    def _ride_first_windows(self, scheduler_output, windowless: set[str] | None = None) -> dict[str, int]:
         """Schedule the first window of each plain WeDLM request whose prompt's prefill ends in this
         step, as drafts after its last prompt tokens, where the step's token budget and the KV cache
-        have room (else it comes the step after, as any window does); the windows added.
+        have room (else it comes the step after, as any window does); the windows added. With the
+        adaptive window, also the window after an AR step (W 0), after the token that step drew.
 
         Not for a lossless request (its first window starts with the token drawn from the prompt's
-        last row), an AR-decoded one (no window) or one that was preempted (it keeps its window).
+        last row), an AR-decoded one (no window), one stepping AR now, or one that holds a window
+        (``windowless``: the requests that hold none, where W can be 0; else those with no output that
+        were never preempted).
         """
         budget = self.max_num_scheduled_tokens - scheduler_output.total_num_scheduled_tokens
         scheduled = scheduler_output.num_scheduled_tokens
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
         firsts: dict[str, int] = {}
         for req_id, num_tokens in scheduled.items():
             request = self.requests[req_id]
+            holds_window = (req_id not in windowless if windowless is not None
+                            else request.num_output_tokens or request.num_preemptions)
             if (req_id in scheduler_output.scheduled_spec_decode_tokens
                     or request.num_computed_tokens + num_tokens < request.num_tokens  # a prefill chunk
-                    or request.num_output_tokens or request.num_preemptions or not self._plain_wedlm(request)):
+                    or holds_window or chosen.get(req_id) == 0 or not self._plain_wedlm(request)):
                 continue
             # The runner's plan of an empty window: W masks, cut where the KV room ends.
             size = min(self.window_of(request), self.max_model_len - request.num_tokens)
@@ -173,6 +242,11 @@ class WeDLMScheduler(Scheduler):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
         self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
         self._window_stats = {}
+        for req_id, window_size in (getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}).items():
+            if window_size == 0:  # an AR step's forward: one request-forward, its token counted once appended
+                self._window_stats[req_id] = None
+                self.commit_stats.request_forwards += 1
+                self.commit_stats.window_tokens += scheduler_output.num_scheduled_tokens.get(req_id, 0)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -191,6 +265,9 @@ class WeDLMScheduler(Scheduler):
                 request = self.requests.get(req_id)
                 if request is not None and not request.is_finished() and not request.is_prefill_chunk:
                     request.spec_token_ids = window
+        if self._timed_step is not None:
+            self._sizer.timed(*self._timed_step[:1], time.perf_counter() - self._step_began, self._timed_step[1])
+            self._timed_step = None
         now = time.monotonic()
         if self.commit_stats.request_forwards and now - self._last_log >= LOG_INTERVAL_S:
             logger.info(self.commit_stats.line())
@@ -303,6 +380,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     ``num_sampled_tokens_per_step``, 0 here for the windows), no drafts, and left out of a schedule
     where its next draw would pass ``max_model_len`` (vLLM's clamp subtracts the same engine-wide 0).
     """
+
+    takes_ar_steps = False  # its steps overlap (none is timed alone) and its windows live on the device
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,13 +15,28 @@ that step forwarded. Under async scheduling that comes back a step late; the est
 average either way. A request not seen yet starts from the server's: a slower moving average of
 every request's (``PRIOR_WEIGHT``), so that on a workload of uncertain text a new request does not
 spend its first forwards on whole windows, which a short answer never outgrows.
+
+**W 0: AR steps** (``core.window_policy.choose_step``). On the synchronous engine (exact rows) the
+scheduler asks ``steps_ar`` before each schedule whether the whole batch should take an AR step:
+vLLM's own step, one token per request, at the cost the engine measured for its AR steps
+(``StepTimes``: the seconds of its own steps, AR and windowed, per batch-size class). A W 0 step
+observes nothing of what windows would commit, so every few AR steps one window step re-measures
+(a probe; the gap doubles while AR keeps winning).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 import torch
 
-from vllm_wedlm.core.window_policy import COMMIT_AVERAGE_WEIGHT, StepCost, choose_window_sizes, update_commit_estimate
+from vllm_wedlm.core.window_policy import (
+    COMMIT_AVERAGE_WEIGHT,
+    StepCost,
+    choose_step,
+    choose_window_sizes,
+    update_commit_estimate,
+)
 
 #: The ``SchedulerOutput`` attribute that carries a step's window sizes to the runner (a plain
 #: attribute of vLLM's dataclass: it travels with the object, pickled to other worker processes).
@@ -30,32 +45,121 @@ WINDOW_SIZES_ATTR = "wedlm_window_sizes"
 FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
 #: Weight of each request's estimate, after each of its forwards, in the server's (a new request's start).
 PRIOR_WEIGHT = COMMIT_AVERAGE_WEIGHT / 8
+#: An AR step's seconds against a window step's of one-slot windows (two rows a request) until the
+#: engine has timed its own: on the trained ``small`` model such a window step costs 1.4-2x an AR
+#: step (lab notebook 5.24), on the Qwen3-8B shape at batch 1 about 1.15x.
+AR_STEP_PRIOR = 0.7
+#: Weight of a step's seconds in the moving averages of ``StepTimes``.
+STEP_TIME_WEIGHT = 0.2
+#: AR steps before a window step re-measures what windows commit; doubled while AR still wins, up to
+#: the most. A probe's windows get at least ``PROBE_WINDOW`` slots (W 1 always commits its slot and
+#: would tell nothing).
+PROBE_GAP, MAX_PROBE_GAP, PROBE_WINDOW = 4, 64, 4
+
+
+@dataclass
+class StepTimes:
+    """Moving averages of the seconds of the engine's own decode steps (no prefill in them), per
+    class of batch size (its bit length: 1, 2-3, 4-7, ...): AR steps, and window steps with the rows
+    they forwarded. Measured, not modelled: a host-bound model's steps are mostly host work, which no
+    FLOP count predicts."""
+
+    ar: dict[int, float] = field(default_factory=dict)  # batch class -> seconds
+    window: dict[int, tuple[float, float]] = field(default_factory=dict)  # batch class -> (seconds, rows)
+
+    def record(self, batch: int, seconds: float, rows: int | None) -> None:
+        """A decode step of ``batch`` requests took ``seconds``: an AR step (``rows`` None) or a window
+        step of ``rows`` rows."""
+        key = batch.bit_length()
+        if rows is None:
+            old = self.ar.get(key, seconds)
+            self.ar[key] = old + STEP_TIME_WEIGHT * (seconds - old)
+        else:
+            old_seconds, old_rows = self.window.get(key, (seconds, rows))
+            self.window[key] = (old_seconds + STEP_TIME_WEIGHT * (seconds - old_seconds),
+                                old_rows + STEP_TIME_WEIGHT * (rows - old_rows))
+
+    def costs(self, batch: int, model: StepCost, ar_step_cost: float | None) -> tuple[StepCost, float]:
+        """The window steps' cost curve for a batch of ``batch`` requests (``model``'s shape, scaled to
+        the window steps timed at this batch size) and an AR step's seconds: timed, or
+        ``ar_step_cost`` (else ``AR_STEP_PRIOR``) times a window step of one-slot windows."""
+        key = batch.bit_length()
+        cost = model
+        if key in self.window:
+            seconds, rows = self.window[key]
+            scale = seconds / float(model(torch.tensor(rows)))
+            cost = replace(model, fixed=model.fixed * scale, per_row=model.per_row * scale)
+        if ar_step_cost is None and key in self.ar:
+            return cost, self.ar[key]
+        ratio = AR_STEP_PRIOR if ar_step_cost is None else ar_step_cost
+        return cost, ratio * float(cost(torch.tensor(2 * batch)))
 
 
 class WindowSizer:
-    def __init__(self, max_window: int, cost: StepCost):
+    def __init__(self, max_window: int, cost: StepCost, ar_steps: bool = False, ar_step_cost: float | None = None):
         self.max_window, self.cost = max_window, cost
         self.estimates: dict[str, float] = {}  # req_id -> commits per forward (core.window_policy)
         self.prior = float(max_window)  # a new request's estimate: the server's moving average
-        self.planned: dict[str, int] = {}  # req_id -> W of the window the runner holds (or plans now)
+        # req_id -> W of the window the runner holds (or plans now); 0: none, the request steps AR.
+        self.planned: dict[str, int] = {}
+        # W 0 (``steps_ar``): allowed at all, and an AR step's fixed cost against a window step's
+        # (None: timed, ``StepTimes``).
+        self.ar_steps, self.ar_step_cost = ar_steps, ar_step_cost
+        self.times = StepTimes()
+        self.ar_streak = 0  # AR steps since the last window step
+        self.probe_gap = PROBE_GAP
+        self.probing = False  # the step being scheduled is a probe
 
     def window_of(self, req_id: str) -> int:
         """W of the window the runner holds for ``req_id`` (the most before its first plan)."""
         return self.planned.get(req_id, self.max_window)
 
-    def assign(self, scheduler_output, planning: list[str]) -> dict[str, int]:
+    def holds_window(self, req_id: str) -> bool:
+        """Whether the runner holds a window for ``req_id`` (planned, and not dropped by an AR step)."""
+        return bool(self.planned.get(req_id))
+
+    def steps_ar(self, req_ids: list[str]) -> bool:
+        """Whether the next step should be an AR step of the running WeDLM requests ``req_ids``
+        (``core.window_policy.choose_step``, at the step costs timed at this batch size), unless it
+        is time for a window step to re-measure what windows commit (a probe)."""
+        self.probing = False
+        if not self.ar_steps or not req_ids:
+            return False
+        estimate = torch.tensor([self.estimates.get(req_id, self.prior) for req_id in req_ids], dtype=torch.float32)
+        cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
+        if choose_step(estimate, self.max_window, cost, ar_step).any():
+            self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
+            return False
+        if self.ar_streak >= self.probe_gap:
+            self.probing, self.ar_streak = True, 0
+            self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
+            return False
+        self.ar_streak += 1
+        return True
+
+    def assign(self, scheduler_output, planning: list[str], stepping_ar: list[str] = ()) -> dict[str, int]:
         """Choose W for each window the step plans (the requests ``planning``: every window it
-        forwards and every prompt it completes), attach the choice to ``scheduler_output`` and return
-        it. A request not seen yet starts from the server's estimate (``prior``)."""
+        forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step),
+        attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
+        the server's estimate (``prior``)."""
         estimate = torch.tensor([self.estimates.get(req_id, self.prior) for req_id in planning], dtype=torch.float32)
-        chosen = dict(zip(planning, choose_window_sizes(estimate, self.max_window, self.cost).tolist(), strict=True))
+        sizes = choose_window_sizes(estimate, self.max_window, self.cost)
+        if self.probing:  # a window that cannot miss its slot would tell nothing
+            sizes = sizes.clamp(min=min(PROBE_WINDOW, self.max_window))
+        chosen = dict(zip(planning, sizes.tolist(), strict=True))
         # The window a step forwards was planned by the request's step before (a first window riding
-        # with its prompt, by this one).
+        # with its prompt, or a window after an AR step, by this one).
         setattr(scheduler_output, FORWARDED_SIZES_ATTR,
-                {req_id: self.planned.get(req_id, chosen[req_id]) for req_id in planning})
+                {req_id: self.planned.get(req_id) or chosen[req_id] for req_id in planning})
+        chosen.update(dict.fromkeys(stepping_ar, 0))
         self.planned.update(chosen)
         setattr(scheduler_output, WINDOW_SIZES_ATTR, chosen)
         return chosen
+
+    def timed(self, batch: int, seconds: float, rows: int | None) -> None:
+        """A decode step of ``batch`` requests ran in ``seconds``: an AR step (``rows`` None) or a window
+        step of ``rows`` rows (``StepTimes``)."""
+        self.times.record(batch, seconds, rows)
 
     def observe(self, scheduler_output, runs: dict[str, int]) -> None:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
