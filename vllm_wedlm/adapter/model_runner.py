@@ -39,8 +39,8 @@ from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
-from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
+from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 from vllm_wedlm.core.logit_edits import LogitEdits

@@ -109,6 +109,10 @@ class WindowSizer:
         self.ar_streak = 0  # AR steps since the last window step
         self.probe_gap = PROBE_GAP
         self.probing = False  # the step being scheduled is a probe
+        # The requests ``steps_ar`` last asked about and, where windows won, the W it chose for each
+        # (``assign`` takes them for the same requests: the choice is the batch's, and costs a sort).
+        self.asked: tuple[str, ...] = ()
+        self.sizes_hint: dict[str, int] = {}
 
     def window_of(self, req_id: str) -> int:
         """W of the window the runner holds for ``req_id`` (the most before its first plan)."""
@@ -122,14 +126,20 @@ class WindowSizer:
         """Whether the next step should be an AR step of the running WeDLM requests ``req_ids``
         (``core.window_policy.choose_step``, at the step costs timed at this batch size), unless it
         is time for a window step to re-measure what windows commit (a probe)."""
-        self.probing = False
+        self.probing, self.sizes_hint = False, {}
         if not self.ar_steps or not req_ids:
             return False
-        estimate = torch.tensor([self.estimates.get(req_id, self.prior) for req_id in req_ids], dtype=torch.float32)
-        cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
-        if choose_step(estimate, self.max_window, cost, ar_step).any():
-            self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
-            return False
+        asked, self.asked = self.asked, tuple(req_ids)
+        # While AR steps run, estimates do not move (nothing is observed): the same requests get the
+        # same answer, without the policy's host work, until a probe or a change of the batch.
+        if not (self.ar_streak and asked == self.asked):
+            estimate = torch.tensor([self.estimates.get(r, self.prior) for r in req_ids], dtype=torch.float32)
+            cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
+            sizes = choose_step(estimate, self.max_window, cost, ar_step)
+            if sizes.any():
+                self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
+                self.sizes_hint = dict(zip(req_ids, sizes.tolist(), strict=True))
+                return False
         if self.ar_streak >= self.probe_gap:
             self.probing, self.ar_streak = True, 0
             self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
@@ -142,8 +152,11 @@ class WindowSizer:
         forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step),
         attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
         the server's estimate (``prior``)."""
-        estimate = torch.tensor([self.estimates.get(req_id, self.prior) for req_id in planning], dtype=torch.float32)
-        sizes = choose_window_sizes(estimate, self.max_window, self.cost)
+        if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
+            sizes = torch.tensor([self.sizes_hint[req_id] for req_id in planning])
+        else:
+            estimate = torch.tensor([self.estimates.get(r, self.prior) for r in planning], dtype=torch.float32)
+            sizes = choose_window_sizes(estimate, self.max_window, self.cost)
         if self.probing:  # a window that cannot miss its slot would tell nothing
             sizes = sizes.clamp(min=min(PROBE_WINDOW, self.max_window))
         chosen = dict(zip(planning, sizes.tolist(), strict=True))
