@@ -25,6 +25,7 @@ from vllm_wedlm.core.window_policy import (
     StepCost,
     best_prefix_sizes,
     choose_step,
+    choose_step_on_host,
     choose_window_sizes,
     every_usable_slot_pays,
     expected_commits,
@@ -231,3 +232,57 @@ def test_uncertain_text_falls_to_ar_steps_where_they_are_cheaper_and_predictable
     assert (choose_step(predictable, 16, cost, 0.8 * cost.fixed) > 1).all()
     assert (choose_step(uncertain, 16, cost, 1.2 * cost.fixed) >= 1).all()
     assert choose_step(torch.zeros(0), 16, cost, 1.0).shape == (0,)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_host_choice_is_choose_step(seed):
+    """``choose_step_on_host`` (the scheduler's every step, Python numbers) gives ``choose_step``'s
+    answer wherever every usable slot pays, and declines elsewhere."""
+    rng = random.Random(seed)
+    batch = rng.randint(1, 64)
+    estimates = [rng.choice([0.5, 1.0, 1.05, rng.uniform(0.5, 16.0), 14.0]) for _ in range(batch)]
+    host_bound = step_cost(MICRO)
+    ar_step = host_bound.fixed * rng.uniform(0.3, 1.5)
+    chosen = choose_step_on_host(estimates, 16, host_bound, ar_step)
+    assert chosen == choose_step(torch.tensor(estimates), 16, host_bound, ar_step).tolist()
+    compute_bound = step_cost(QWEN3_8B)
+    if not every_usable_slot_pays(compute_bound, batch, 16, sum(min(e, 16) for e in estimates)):
+        assert choose_step_on_host(estimates, 16, compute_bound, ar_step) is None
+
+
+def test_ar_steps_probe_windows_and_come_back():
+    """The scheduler's record (adapter/window_sizer.py): requests that commit one token per forward
+    step AR (W 0), with a window step every 4, 8, 16 ... AR steps (a probe: at least 4 slots, its
+    commits observed); once windows commit again, they stay. The AR step's cost is timed
+    (``StepTimes``) unless fixed; "off" never steps AR."""
+    from vllm_wedlm.adapter.window_sizer import PROBE_GAP, PROBE_WINDOW, WINDOW_SIZES_ATTR, WindowSizer
+
+    requests = ["a", "b"]
+    sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.5)
+    sizer.estimates.update(a=1.0, b=1.0)
+    kinds = []
+    for _ in range(PROBE_GAP + 1 + 2 * PROBE_GAP + 1):
+        step = SimpleNamespace()
+        ar = sizer.steps_ar(requests)
+        chosen = sizer.assign(step, [] if ar else requests, requests if ar else [])
+        kinds.append("ar" if ar else "probe")
+        assert getattr(step, WINDOW_SIZES_ATTR) == chosen
+        assert set(chosen.values()) == ({0} if ar else {PROBE_WINDOW})
+        assert sizer.holds_window("a") == (not ar)
+        if not ar:
+            sizer.observe(step, {"a": 1, "b": 1})
+    assert kinds == ["ar"] * PROBE_GAP + ["probe"] + ["ar"] * 2 * PROBE_GAP + ["probe"]
+    for _ in range(3):  # the text turns predictable: the probe's windows fill up
+        sizer.observe(SimpleNamespace(**{"wedlm_forwarded_window_sizes": {"a": 16, "b": 16}}), {"a": 16, "b": 16})
+    assert not sizer.steps_ar(requests) and not sizer.steps_ar(requests)
+
+    for ar_seconds, steps_ar in ((0.004, True), (0.009, False)):
+        # Window steps of 10 ms: 1.5 tokens a window pay for 2.5x an AR step's time, not for 1.1x.
+        timed = WindowSizer(16, step_cost(MICRO), ar_steps=True)
+        timed.estimates.update(a=1.5, b=1.5)
+        timed.timed(2, 0.010, 6)
+        timed.timed(2, ar_seconds, None)
+        assert timed.steps_ar(requests) == steps_ar
+    off = WindowSizer(16, step_cost(MICRO), ar_steps=False)
+    off.estimates.update(a=0.5, b=0.5)
+    assert not off.steps_ar(requests)

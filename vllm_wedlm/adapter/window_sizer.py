@@ -34,6 +34,7 @@ from vllm_wedlm.core.window_policy import (
     COMMIT_AVERAGE_WEIGHT,
     StepCost,
     choose_step,
+    choose_step_on_host,
     choose_window_sizes,
     update_commit_estimate,
 )
@@ -87,12 +88,12 @@ class StepTimes:
         cost = model
         if key in self.window:
             seconds, rows = self.window[key]
-            scale = seconds / float(model(torch.tensor(rows)))
+            scale = seconds / model.seconds(rows)
             cost = replace(model, fixed=model.fixed * scale, per_row=model.per_row * scale)
         if ar_step_cost is None and key in self.ar:
             return cost, self.ar[key]
         ratio = AR_STEP_PRIOR if ar_step_cost is None else ar_step_cost
-        return cost, ratio * float(cost(torch.tensor(2 * batch)))
+        return cost, ratio * cost.seconds(2 * batch)
 
 
 class WindowSizer:
@@ -133,12 +134,15 @@ class WindowSizer:
         # While AR steps run, estimates do not move (nothing is observed): the same requests get the
         # same answer, without the policy's host work, until a probe or a change of the batch.
         if not (self.ar_streak and asked == self.asked):
-            estimate = torch.tensor([self.estimates.get(r, self.prior) for r in req_ids], dtype=torch.float32)
+            estimates = [self.estimates.get(r, self.prior) for r in req_ids]
             cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
-            sizes = choose_step(estimate, self.max_window, cost, ar_step)
-            if sizes.any():
+            sizes = choose_step_on_host(estimates, self.max_window, cost, ar_step)
+            if sizes is None:  # rows cost: the batch's best windows need the sort
+                sizes = choose_step(torch.tensor(estimates, dtype=torch.float32), self.max_window, cost,
+                                    ar_step).tolist()
+            if any(sizes):
                 self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
-                self.sizes_hint = dict(zip(req_ids, sizes.tolist(), strict=True))
+                self.sizes_hint = dict(zip(req_ids, sizes, strict=True))
                 return False
         if self.ar_streak >= self.probe_gap:
             self.probing, self.ar_streak = True, 0
@@ -153,13 +157,13 @@ class WindowSizer:
         attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
         the server's estimate (``prior``)."""
         if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
-            sizes = torch.tensor([self.sizes_hint[req_id] for req_id in planning])
+            sizes = [self.sizes_hint[req_id] for req_id in planning]
         else:
             estimate = torch.tensor([self.estimates.get(r, self.prior) for r in planning], dtype=torch.float32)
-            sizes = choose_window_sizes(estimate, self.max_window, self.cost)
+            sizes = choose_window_sizes(estimate, self.max_window, self.cost).tolist()
         if self.probing:  # a window that cannot miss its slot would tell nothing
-            sizes = sizes.clamp(min=min(PROBE_WINDOW, self.max_window))
-        chosen = dict(zip(planning, sizes.tolist(), strict=True))
+            sizes = [max(size, min(PROBE_WINDOW, self.max_window)) for size in sizes]
+        chosen = dict(zip(planning, sizes, strict=True))
         # The window a step forwards was planned by the request's step before (a first window riding
         # with its prompt, or a window after an AR step, by this one).
         setattr(scheduler_output, FORWARDED_SIZES_ATTR,

@@ -37,6 +37,10 @@ is quite free (its logits row, its share of host work).
 windows are expected to commit fewer tokens per second than an AR step of the batch (one token per
 request, at the AR step's own measured cost), every request steps AR. The engine does not take W 0
 yet (issue 41: the scheduler's step timing and the runner's switch are still to come).
+
+``choose_step_on_host`` is ``choose_step`` in Python numbers for the common case (every usable slot
+pays): the scheduler asks it before every step, where a few dozen small tensor operations would cost
+a host-bound model's step a tenth of its time.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class StepCost:
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """[...] float64 seconds of steps of ``rows`` ([...]) rows."""
         return self.fixed + self.per_row * (rows.double() - self.knee).clamp(min=0)
+
+    def seconds(self, rows: float) -> float:
+        """The seconds of one step of ``rows`` rows, as a Python number (the scheduler's)."""
+        return self.fixed + self.per_row * max(rows - self.knee, 0.0)
 
 
 def update_commit_estimate(estimate, committed, window_size):
@@ -184,3 +192,25 @@ def choose_step(estimate: torch.Tensor, max_window: int, cost: StepCost, ar_step
         return sizes
     window_rate = expected_commits(estimate, sizes).sum() / cost(run_rows.double().sum() + sizes.sum())
     return torch.zeros_like(sizes) if sizes.numel() / ar_step >= float(window_rate) else sizes
+
+
+def choose_step_on_host(estimates: list[float], max_window: int, cost: StepCost, ar_step: float) -> list[int] | None:
+    """``choose_step`` of the requests of ``estimates`` (each one's ``commit_estimate``; their runs
+    taken as the estimates, capped at ``max_window``), in Python numbers, where every usable slot pays
+    (``every_usable_slot_pays``: each window is then its usable slots, ``usable_slots``, with no
+    sort); None where that does not hold (ask ``choose_step``)."""
+    batch = len(estimates)
+    run_rows = sum(min(max(e, 0.0), max_window) for e in estimates)
+    if not batch or not every_usable_slot_pays(cost, batch, max_window, run_rows):
+        return None
+    sizes, commits = [], 0.0
+    for estimate in estimates:
+        q = min(max(1 - 1 / max(estimate, 1.0), 0.0), 1.0)  # as slot_gains
+        size, gain = 0, 1.0
+        while size < max_window and (size == 0 or gain >= MIN_SLOT_GAIN):  # the gains decrease
+            commits += gain
+            size += 1
+            gain *= q
+        sizes.append(size)
+    window_rate = commits / cost.seconds(run_rows + sum(sizes))
+    return [0] * batch if batch / ar_step >= window_rate else sizes
