@@ -77,6 +77,10 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
     argv = ["--decoding", "wedlm", "--wedlm-window-size", "32", "--wedlm-window-tokens", "128"]
     assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "window_size": 32,
                                                                  "window_tokens": 128}
+    for value, expected in (("0.5", 0.5), ("off", "off"), ("auto", "auto")):
+        argv = ["--decoding", "wedlm", "--wedlm-window-size", "auto", "--wedlm-ar-step-cost", value]
+        assert engine_args(serve_parser, argv).additional_config == {"decoding": "wedlm", "window_size": "auto",
+                                                                     "ar_step_cost": expected}
 
 
 @pytest.mark.parametrize("config,window_size,adaptive,window_tokens", [
@@ -95,6 +99,17 @@ def test_the_adaptive_window_settings(config, window_size, adaptive, window_toke
         window_size, adaptive, window_tokens)
 
 
+
+@pytest.mark.parametrize("value,ar_steps,cost", [(None, True, None), ("auto", True, None), ("off", False, None),
+                                                 (0.5, True, 0.5), (2, True, 2.0)])
+def test_the_ar_step_settings(value, ar_steps, cost):
+    """The adaptive window may step AR (W 0) unless "off"; its cost against a window step's is timed
+    ("auto", the default) or fixed."""
+    config = {"decoding": "wedlm", "window_size": "auto"} | ({} if value is None else {"ar_step_cost": value})
+    settings = WeDLMSettings.from_additional_config(config)
+    assert (settings.ar_steps, settings.ar_step_cost) == (ar_steps, cost)
+
+
 @pytest.mark.parametrize("settings,message", [
     ({"window_size": 0}, "window_size must be an integer in"),
     ({"window_size": 1000}, "window_size must be an integer in"),
@@ -104,6 +119,10 @@ def test_the_adaptive_window_settings(config, window_size, adaptive, window_toke
     ({"entropy_threshold": -0.5}, "entropy_threshold must be a positive"),
     ({"pos_penalty": -1}, "pos_penalty must be a finite number"),
     ({"lossless": "yes"}, "lossless must be true or false"),
+    ({"window_size": "auto", "ar_step_cost": 0}, "ar_step_cost must be a number in \\(0, 100\\], 'auto' or 'off'"),
+    ({"window_size": "auto", "ar_step_cost": True}, "ar_step_cost must be a number in"),
+    ({"window_size": "auto", "ar_step_cost": "never"}, "ar_step_cost must be a number in"),
+    ({"ar_step_cost": 0.5}, "ar_step_cost \\(--wedlm-ar-step-cost\\) applies to the adaptive window only"),
     ({"async_padding_tokens": -1}, "async_padding_tokens must be a non-negative integer or 'auto'"),
     ({"async_padding_tokens": "some"}, "async_padding_tokens must be a non-negative integer or 'auto'"),
     # Without async scheduling (always so on the CPU) nothing is pipelined: the knob has no use.

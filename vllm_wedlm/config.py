@@ -179,6 +179,9 @@ class WeDLMSettings:
                                                       or not 0 < ar_step_cost <= 100):
             raise ValueError(f"{AR_STEP_COST_KEY} must be a number in (0, 100], {AUTO_WINDOW!r} or {OFF!r}, "
                              f"got {ar_step_cost!r}")
+        if AR_STEP_COST_KEY in additional_config and not adaptive_window:
+            raise ValueError(f"{AR_STEP_COST_KEY} (--wedlm-ar-step-cost) applies to the adaptive window only "
+                             f"(--wedlm-window-size {AUTO_WINDOW})")
         params = WeDLMParams(
             entropy_threshold=threshold_value(additional_config.get(ENTROPY_THRESHOLD_KEY,
                                                                     DEFAULT_PARAMS.entropy_threshold)),
