@@ -154,7 +154,8 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     reference decoder's at the engine's W sequence, zeros included."""
     from vllm import SamplingParams
 
-    checkpoint = build_checkpoint(tmp_path_factory.mktemp("ar-steps"), TinySpec(variant="qwen2", logit_scale=logit_scale))
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("ar-steps"),
+                                  TinySpec(variant="qwen2", logit_scale=logit_scale))
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
     wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU, "ar_step_cost": AR_STEP_COST}

@@ -17,8 +17,8 @@ import pytest
 import vllm_wedlm
 from plain_qwen import plain_qwen3_copy
 
-ACCEPTED_SETTINGS = ("'ar_step_cost', 'async_padding_tokens', 'decoding', 'entropy_threshold', 'fixed_window_rows', 'lossless', "
-                     "'pos_penalty', 'window_size', 'window_tokens'")
+ACCEPTED_SETTINGS = ("'ar_step_cost', 'async_padding_tokens', 'decoding', 'entropy_threshold', 'fixed_window_rows', "
+                     "'lossless', 'pos_penalty', 'window_size', 'window_tokens'")
 ACCEPTED_REQUEST_KEYS = "'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty'"
 
 
