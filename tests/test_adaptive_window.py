@@ -108,9 +108,9 @@ PREEMPT_PROMPTS = ([f"{i}, {i + 1}, the lamp reads {i} apples" for i in range(28
                          ids=["exact-rows", "fixed-rows", "exact-rows-ar-steps"])
 def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
     """Preempted requests keep their window (and its W) through the re-prefill: every output is the
-    reference decoder's at the engine's W sequence, lossless ones included. ``ar_steps``: plain
-    requests alone, which step AR (W 0) where their windows commit little, preempted at any W (a
-    request that held no window re-prefills into its next draw or its next window's ride)."""
+    reference decoder's at the engine's W sequence, lossless ones included. ``ar_steps``: the batch
+    steps AR (W 0) where its windows commit little, and requests are preempted at any W (one that
+    held no window re-prefills into its next draw, or its next window)."""
     from vllm import SamplingParams
 
     from engines import kv_bytes_per_token
@@ -121,7 +121,7 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
              "ar_step_cost": AR_STEP_COST if ar_steps else "off"}
     if fixed_rows:  # every step pipelined, 2W rows per window (what async scheduling runs at small costs)
         wedlm.update(fixed_window_rows=True, async_padding_tokens=1 << 20)
-    lossless = [i % 3 == 1 and not ar_steps for i in range(len(PREEMPT_PROMPTS))]
+    lossless = [i % 3 == 1 for i in range(len(PREEMPT_PROMPTS))]
     params = [SamplingParams(temperature=0.0, max_tokens=PREEMPT_TOKENS, ignore_eos=True,
                              extra_args={"wedlm_lossless": f}) for f in lossless]
     with running_llm(checkpoint, dtype="float32", additional_config=wedlm, async_scheduling=fixed_rows or None,
@@ -149,9 +149,11 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
 
 @pytest.mark.parametrize("logit_scale", [1.0, 100.0], ids=["uncertain", "confident"])
 def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
-    """Plain windows on the synchronous engine take AR steps (W 0: vLLM's own step, every request one
-    token) where they commit little, and come back (a probe every few AR steps); every output is the
-    reference decoder's at the engine's W sequence, zeros included."""
+    """Windows on the synchronous engine take AR steps (W 0: vLLM's own step, every request one
+    token) where they commit little, and come back (a probe every few AR steps); every output, plain
+    and lossless, is the reference decoder's at the engine's W sequence, zeros included, in as many
+    forwards. (A lossless window's slot 0 is drawn again by the AR step; its window after one starts
+    with the token drawn from the row of the token that step returned, as after a prompt.)"""
     from vllm import SamplingParams
 
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("ar-steps"),
@@ -159,7 +161,8 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
     wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU, "ar_step_cost": AR_STEP_COST}
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
+              for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", async_scheduling=False, additional_config=wedlm,
                      max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET) as llm:
         llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
@@ -170,12 +173,17 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps")) - vllm_steps
         (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
     by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
+    ids = [output.request_id for output in outputs]
     expected_forwards = 0
-    for output, n in zip(outputs, MAX_TOKENS, strict=True):
+    for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
         sizes = by_request[output.request_id]
-        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n), WeDLMParams(TAU, 0.02),
-                                      window_sizes=sizes)
-        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, sizes)
+        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n),
+                                      WeDLMParams(TAU, 0.02, lossless=lossless), window_sizes=sizes)
+        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, lossless, sizes)
         expected_forwards += expected.num_forwards
     assert forwards == expected_forwards
-    print(logit_scale, vllm_steps, forwards, [by_request[o.request_id] for o in outputs])
+    # Requests stepped AR and came back to windows, lossless ones among them, and vLLM ran the AR
+    # steps whole.
+    came_back = [0 in sizes and any(sizes[sizes.index(0):]) for sizes in map(by_request.get, ids)]
+    assert any(came_back) and any(c for c, f in zip(came_back, LOSSLESS, strict=True) if f), by_request
+    assert vllm_steps > 0

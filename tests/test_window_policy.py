@@ -252,16 +252,22 @@ def test_the_host_choice_is_choose_step(seed):
 
 def test_ar_steps_probe_windows_and_come_back():
     """The scheduler's record (adapter/window_sizer.py): requests that commit one token per forward
-    step AR (W 0), with a window step every 4, 8, 16 ... AR steps (a probe: at least 4 slots, its
+    step AR (W 0), with two window steps every 4, 8, 16 ... AR steps (a probe: at least 4 slots, its
     commits observed); once windows commit again, they stay. The AR step's cost is timed
     (``StepTimes``) unless fixed; "off" never steps AR."""
-    from vllm_wedlm.adapter.window_sizer import PROBE_GAP, PROBE_WINDOW, WINDOW_SIZES_ATTR, WindowSizer
+    from vllm_wedlm.adapter.window_sizer import (
+        PROBE_GAP,
+        PROBE_STEPS,
+        PROBE_WINDOW,
+        WINDOW_SIZES_ATTR,
+        WindowSizer,
+    )
 
     requests = ["a", "b"]
     sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.5)
     sizer.estimates.update(a=1.0, b=1.0)
     kinds = []
-    for _ in range(PROBE_GAP + 1 + 2 * PROBE_GAP + 1):
+    for _ in range(3 * PROBE_GAP + 2 * PROBE_STEPS):
         step = SimpleNamespace()
         ar = sizer.steps_ar(requests)
         chosen = sizer.assign(step, [] if ar else requests, requests if ar else [])
@@ -271,7 +277,7 @@ def test_ar_steps_probe_windows_and_come_back():
         assert sizer.holds_window("a") == (not ar)
         if not ar:
             sizer.observe(step, {"a": 1, "b": 1})
-    assert kinds == ["ar"] * PROBE_GAP + ["probe"] + ["ar"] * 2 * PROBE_GAP + ["probe"]
+    assert kinds == ["ar"] * PROBE_GAP + ["probe"] * PROBE_STEPS + ["ar"] * 2 * PROBE_GAP + ["probe"] * PROBE_STEPS
     for _ in range(3):  # the text turns predictable: the probe's windows fill up
         sizer.observe(SimpleNamespace(**{"wedlm_forwarded_window_sizes": {"a": 16, "b": 16}}), {"a": 16, "b": 16})
     assert not sizer.steps_ar(requests) and not sizer.steps_ar(requests)

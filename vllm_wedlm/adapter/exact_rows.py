@@ -105,9 +105,8 @@ class ExactRows(RowLayout):
         # A lossless request draws its first token from the prompt's last row too; after a
         # preemption it already holds it in its window.
         lossless = np.fromiter((s.params.lossless for s in states), bool, num_reqs) & ~autoregressive  # [B]
-        if (stepping_ar & lossless).any():
-            raise RuntimeError(f"lossless WeDLM request {req_ids[int(np.argmax(stepping_ar & lossless))]} got W 0")
-        first_token = completes_prefill & lossless
+        # (One stepping AR draws its next token as the AR step's, whether it held a window or not.)
+        first_token = completes_prefill & lossless & ~stepping_ar
         if first_token.any():
             first_token &= np.fromiter((not s.has_window for s in states), bool, num_reqs)
         # Logits rows: a lossless window's leading run (its first rows, checked against the AR

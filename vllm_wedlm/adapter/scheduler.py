@@ -124,11 +124,11 @@ class WeDLMScheduler(Scheduler):
         (``WindowSizer.steps_ar``); if so, their windows are sent without drafts: vLLM forwards each
         one's leading run (output it already has) and the runner draws the next token from its last
         row, as in vLLM's own AR step. A window with no run rewinds its last committed token, whose
-        row then draws (its KV is written again, the same values). Only where every such request can
-        step AR: plain windows with no grammar (a lossless window's first slot is still unverified;
-        a grammar window's state is the runner's)."""
+        row then draws (its KV is written again, the same values): a lossless window, whose slot 0 is
+        a token drawn from that row and not returned yet, so draws it again. Only where no such request
+        has a grammar (a grammar window's state is the runner's)."""
         windowed = [request for request in self.running if not self._decodes_ar(request)]
-        if not windowed or not all(self._plain_wedlm(r) and not r.use_structured_output for r in windowed):
+        if not windowed or any(request.use_structured_output for request in windowed):
             return False
         if not self._sizer.steps_ar([request.request_id for request in windowed]):
             return False
@@ -155,12 +155,12 @@ class WeDLMScheduler(Scheduler):
         super()._update_after_schedule(scheduler_output)
 
     def _stepping_ar(self, scheduler_output) -> list[str]:
-        """The requests of an AR step that take W 0: the plain WeDLM requests without a grammar that
-        forward up to their last token (each draws one); a prompt's chunk draws nothing, and a
-        lossless or grammar request admitted now plans its window as always."""
+        """The requests of an AR step that take W 0: the WeDLM requests without a grammar that forward
+        up to their last token (each draws one); a prompt's chunk draws nothing, and a grammar
+        request admitted now plans its window as always."""
         return [req_id for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
                 if (request := self.requests[req_id]).num_computed_tokens + num_tokens >= request.num_tokens
-                and self._plain_wedlm(request) and not request.use_structured_output]
+                and not self._decodes_ar(request) and not request.use_structured_output]
 
     def _planning(self, scheduler_output, stepping_ar: set[str]) -> list[str]:
         """The WeDLM requests of a step that plan a window at its end: those whose window it forwards

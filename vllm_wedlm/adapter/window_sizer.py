@@ -20,7 +20,7 @@ spend its first forwards on whole windows, which a short answer never outgrows.
 scheduler asks ``steps_ar`` before each schedule whether the whole batch should take an AR step:
 vLLM's own step, one token per request, at the cost the engine measured for its AR steps
 (``StepTimes``: the seconds of its own steps, AR and windowed, per batch-size class). A W 0 step
-observes nothing of what windows would commit, so every few AR steps one window step re-measures
+observes nothing of what windows would commit, so every few AR steps two window steps re-measure
 (a probe; the gap doubles while AR keeps winning).
 """
 
@@ -56,6 +56,9 @@ STEP_TIME_WEIGHT = 0.2
 #: the most. A probe's windows get at least ``PROBE_WINDOW`` slots (W 1 always commits its slot and
 #: would tell nothing).
 PROBE_GAP, MAX_PROBE_GAP, PROBE_WINDOW = 4, 64, 4
+#: Window steps of a probe: a lossless request that held no window forwards only the token its AR step
+#: returned in the first (its window starts with the token drawn from that row), its window in the next.
+PROBE_STEPS = 2
 
 
 @dataclass
@@ -110,6 +113,7 @@ class WindowSizer:
         self.ar_streak = 0  # AR steps since the last window step
         self.probe_gap = PROBE_GAP
         self.probing = False  # the step being scheduled is a probe
+        self.probe_steps = 0  # window steps of the probe still to come after this one
         # The requests ``steps_ar`` last asked about and, where windows won, the W it chose for each
         # (``assign`` takes them for the same requests: the choice is the batch's, and costs a sort).
         self.asked: tuple[str, ...] = ()
@@ -130,6 +134,10 @@ class WindowSizer:
         self.probing, self.sizes_hint = False, {}
         if not self.ar_steps or not req_ids:
             return False
+        if self.probe_steps:
+            self.probe_steps -= 1
+            self.probing = True
+            return False
         asked, self.asked = self.asked, tuple(req_ids)
         # While AR steps run, estimates do not move (nothing is observed): the same requests get the
         # same answer, without the policy's host work, until a probe or a change of the batch.
@@ -145,7 +153,7 @@ class WindowSizer:
                 self.sizes_hint = dict(zip(req_ids, sizes, strict=True))
                 return False
         if self.ar_streak >= self.probe_gap:
-            self.probing, self.ar_streak = True, 0
+            self.probing, self.ar_streak, self.probe_steps = True, 0, PROBE_STEPS - 1
             self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
             return False
         self.ar_streak += 1
