@@ -116,28 +116,40 @@ class WeDLMScheduler(Scheduler):
 
     def schedule(self, *args, **kwargs):
         self._step_began = time.perf_counter()
-        self._ar_step = self._sizer is not None and self._sizer.ar_steps and self._steps_ar()
-        return super().schedule(*args, **kwargs)
+        withheld = self._steps_ar() if self._sizer is not None and self._sizer.ar_steps else None
+        self._ar_step = withheld is not None
+        scheduler_output = super().schedule(*args, **kwargs)
+        for request, (drafts, rewound) in (withheld or {}).items():
+            # A running window the step left out (no token budget left) keeps its window as it was:
+            # the runner saw nothing of it.
+            scheduled = request.request_id in scheduler_output.num_scheduled_tokens
+            if not scheduled and request.status == RequestStatus.RUNNING:
+                request.spec_token_ids = drafts
+                request.num_computed_tokens += rewound
+        return scheduler_output
 
-    def _steps_ar(self) -> bool:
+    def _steps_ar(self) -> dict | None:
         """Whether the step about to be scheduled is an AR step (W 0) of every running WeDLM request
         (``WindowSizer.steps_ar``); if so, their windows are sent without drafts: vLLM forwards each
         one's leading run (output it already has) and the runner draws the next token from its last
         row, as in vLLM's own AR step. A window with no run rewinds its last committed token, whose
         row then draws (its KV is written again, the same values): a lossless window, whose slot 0 is
         a token drawn from that row and not returned yet, so draws it again. Only where no such request
-        has a grammar (a grammar window's state is the runner's)."""
+        has a grammar (a grammar window's state is the runner's). Returns each window's drafts and
+        rewound tokens (None: not an AR step)."""
         windowed = [request for request in self.running if not self._decodes_ar(request)]
         if not windowed or any(request.use_structured_output for request in windowed):
-            return False
+            return None
         if not self._sizer.steps_ar([request.request_id for request in windowed]):
-            return False
+            return None
+        withheld = {}
         for request in windowed:
             if request.spec_token_ids:
+                rewound = int(request.num_computed_tokens >= request.num_tokens)
+                withheld[request] = (request.spec_token_ids, rewound)
                 request.spec_token_ids = []
-                if request.num_computed_tokens >= request.num_tokens:
-                    request.num_computed_tokens -= 1
-        return True
+                request.num_computed_tokens -= rewound
+        return withheld
 
     def _update_after_schedule(self, scheduler_output) -> None:
         # vLLM advances num_computed_tokens by each request's scheduled tokens here, drafts
