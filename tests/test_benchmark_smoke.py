@@ -112,14 +112,14 @@ def test_offline_harness(model, tmp_path):
                  ("0-offline-speedup.png", "0-offline-speed-vs-accuracy.png"))
 
     # The adaptive window (+auto; with --window-tokens, W at most --window-size): each row says so and
-    # counts the windows its last repeat planned at each W.
+    # counts the windows its last repeat planned at each W (0: an AR step of the batch).
     adaptive = bench("offline", *common_args(model), "--modes", "wedlm:0.4+auto,lossless:0.4+auto",
                      "--window-tokens", "64", "--batch-sizes", "2", "--kinds", "arithmetic",
                      "--json", str(tmp_path / "adaptive.json"))
     for row in adaptive["rows"]:
         assert row["adaptive_window"] and row["window_tokens"] == 64, row
         sizes = {int(w): n for w, n in row["window_histogram"].items()}
-        assert sizes and set(sizes) <= set(range(1, W + 1)) and sum(sizes.values()) >= row["requests"], row
+        assert sizes and set(sizes) <= set(range(W + 1)) and sum(sizes.values()) >= row["requests"], row
 
 
 def test_online_harness(model, tmp_path):

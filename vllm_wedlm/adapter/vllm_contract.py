@@ -54,6 +54,7 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
     "shutdown": _override("Scheduler", "self"),
     "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
     "get_grammar_bitmask": _override("Scheduler", "self", "scheduler_output"),
+    "schedule": _override("Scheduler", "self", "throttle_prefills"),  # the adaptive window's AR steps
 }
 
 _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler): the above, and more
@@ -63,7 +64,6 @@ _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     # Aliased by WeDLMFixedRowsScheduler: the async placeholder accounting must stay in this method.
     "_update_request_with_output": _override("AsyncScheduler", "self", "request", "new_token_ids"),
     "add_request": _override("Scheduler", "self", "request"),
-    "schedule": _override("Scheduler", "self", "throttle_prefills"),
     "_preempt_request": _override("Scheduler", "self", "request", "timestamp"),
 }
 
