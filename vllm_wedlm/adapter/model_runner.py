@@ -17,9 +17,9 @@ them:
 * ``sample_tokens``: the layout adds what its scheduler reads (exact rows: each next window).
 
 A step in which no request holds a window (each decodes AR, or takes an AR step now: the adaptive
-window's W 0; none is mid-prefill, no drafts) is vLLM's own AR step, so with exact rows vLLM runs it whole: its logits
-rows, its sampler (the same draws, edits, grammars and log-probs) and none of the layout's host
-work, which on a host-bound model is most of such a step's time (issue 41).
+window's W 0; none is mid-prefill, no drafts) is vLLM's own AR step, so with exact rows vLLM runs
+it whole: its logits rows, its sampler (the same draws, edits, grammars and log-probs) and none of
+the layout's host work, which on a host-bound model is most of such a step's time (issue 41).
 """
 
 from __future__ import annotations
