@@ -35,8 +35,8 @@ is quite free (its logits row, its share of host work).
 
 ``choose_step`` adds the floor, W 0 (an AR step, ``reference/decoder.py`` replays it): where the best
 windows are expected to commit fewer tokens per second than an AR step of the batch (one token per
-request, at the AR step's own measured cost), every request steps AR. The engine does not take W 0
-yet (issue 41: the scheduler's step timing and the runner's switch are still to come).
+request, at the AR step's own measured cost), every request steps AR. The synchronous engine asks it
+before every step (``adapter/window_sizer.py``), timing its own steps for both costs.
 
 ``choose_step_on_host`` is ``choose_step`` in Python numbers for the common case (every usable slot
 pays): the scheduler asks it before every step, where a few dozen small tensor operations would cost
