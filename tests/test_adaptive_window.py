@@ -42,6 +42,30 @@ def llm_async(fixed_rows: bool) -> bool:
     return fixed_rows and torch.cuda.is_available()
 
 
+def generate_traced(llm, prompts, params) -> tuple[list, dict[str, list[int]], int]:
+    """``llm.generate`` with the engine's record of W on: the outputs, each request's W sequence (by its
+    request id) and the windows forwarded meanwhile (``wedlm_request_forwards``)."""
+    llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
+    forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
+    (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+    return outputs, {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}, forwards
+
+
+def assert_replayed(reference, outputs, by_request, rules, lossless) -> list:
+    """Assert that each output is the reference decoder's at the W sequence the engine recorded for it
+    (``rules``, ``lossless``: each request's StopRule and mode); the reference's outputs."""
+    expected = []
+    for output, rule, f in zip(outputs, rules, lossless, strict=True):
+        sizes = by_request[output.request_id]
+        replayed = reference.generate(list(output.prompt_token_ids), rule, WeDLMParams(TAU, 0.02, lossless=f),
+                                      window_sizes=sizes)
+        assert list(output.outputs[0].token_ids) == replayed.token_ids, (output.request_id, f, sizes)
+        expected.append(replayed)
+    return expected
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("adaptive"), TinySpec(variant="qwen2", logit_scale=100.0))
@@ -61,28 +85,20 @@ def test_adaptive_window_equals_the_reference_at_the_same_w(checkpoint, fixed_ro
     with running_llm(checkpoint, dtype="float32", async_scheduling=fixed_rows,
                      additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS,
                      max_num_batched_tokens=TOKEN_BUDGET) as llm:
-        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
-        forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-        forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
-        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+        outputs, by_request, forwards = generate_traced(llm, PROMPTS, params)
 
     # The premise of the W movements asserted below: only the first prompt fits one step's budget.
     assert [len(o.prompt_token_ids) > TOKEN_BUDGET for o in outputs] == [False] + [True] * (len(PROMPTS) - 1)
-    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
     # Async scheduling (fixed rows on a GPU) may schedule one window step more per request, before the
     # step that ends it is back; its tokens are dropped (and its plan is past the reference's end).
     extra = 1 if llm_async(fixed_rows) else 0
-    expected_forwards = 0
-    for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
+    replayed = assert_replayed(reference, outputs, by_request, [StopRule(max_tokens=n) for n in MAX_TOKENS], LOSSLESS)
+    for output, expected in zip(outputs, replayed, strict=True):
         sizes = by_request[output.request_id]
-        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n),
-                                      WeDLMParams(TAU, 0.02, lossless=lossless), window_sizes=sizes)
-        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, sizes)
         # A window is planned after the prompt and after every forward, the last one included, unless
         # that forward was an AR step (W 0: in place of the window planned for it).
         assert 0 <= len(sizes) - (expected.num_forwards + (sizes[-1] != 0)) <= extra, (output.request_id, sizes)
-        expected_forwards += expected.num_forwards
+    expected_forwards = sum(expected.num_forwards for expected in replayed)
     assert 0 <= forwards - expected_forwards <= extra * len(PROMPTS)
 
     # W really moved: the whole window for each request's first plans, then down where its windows
@@ -130,18 +146,11 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
                      max_num_batched_tokens=32 * MAX_WINDOW, long_prefill_token_threshold=CHUNK,
                      enable_chunked_prefill=True, disable_log_stats=False) as llm:
         (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
-        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
-        outputs = llm.generate(PREEMPT_PROMPTS, params, use_tqdm=False)
-        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
+        outputs, by_request, _ = generate_traced(llm, PREEMPT_PROMPTS, params)
         (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
     assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
-    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
     rule = StopRule(max_tokens=PREEMPT_TOKENS, max_model_len=MAX_MODEL_LEN)
-    for output, f in zip(outputs, lossless, strict=True):
-        sizes = by_request[output.request_id]
-        expected = reference.generate(list(output.prompt_token_ids), rule, WeDLMParams(TAU, 0.02, lossless=f),
-                                      window_sizes=sizes)
-        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, f, sizes)
+    assert_replayed(reference, outputs, by_request, [rule] * len(outputs), lossless)
     assert len({w for sizes in by_request.values() for w in sizes}) >= 3, by_request
     # W 0 happened where it may, and only there.
     assert any(0 in sizes for sizes in by_request.values()) == ar_steps, by_request
@@ -165,25 +174,13 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", async_scheduling=False, additional_config=wedlm,
                      max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET) as llm:
-        llm.collective_rpc("wedlm_trace_window_sizes", args=(True,))
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps"))
-        forwards_before = sum(llm.collective_rpc("wedlm_request_forwards"))
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-        forwards = sum(llm.collective_rpc("wedlm_request_forwards")) - forwards_before
+        outputs, by_request, forwards = generate_traced(llm, PROMPTS, params)
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps")) - vllm_steps
-        (trace,) = llm.collective_rpc("wedlm_trace_window_sizes", args=(False,))
-    by_request = {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}
-    ids = [output.request_id for output in outputs]
-    expected_forwards = 0
-    for output, n, lossless in zip(outputs, MAX_TOKENS, LOSSLESS, strict=True):
-        sizes = by_request[output.request_id]
-        expected = reference.generate(list(output.prompt_token_ids), StopRule(max_tokens=n),
-                                      WeDLMParams(TAU, 0.02, lossless=lossless), window_sizes=sizes)
-        assert list(output.outputs[0].token_ids) == expected.token_ids, (output.request_id, lossless, sizes)
-        expected_forwards += expected.num_forwards
-    assert forwards == expected_forwards
+    replayed = assert_replayed(reference, outputs, by_request, [StopRule(max_tokens=n) for n in MAX_TOKENS], LOSSLESS)
+    assert forwards == sum(expected.num_forwards for expected in replayed)
     # Requests stepped AR and came back to windows, lossless ones among them, and vLLM ran the AR
     # steps whole.
-    came_back = [0 in sizes and any(sizes[sizes.index(0):]) for sizes in map(by_request.get, ids)]
+    came_back = [0 in sizes and any(sizes[sizes.index(0):]) for sizes in (by_request[o.request_id] for o in outputs)]
     assert any(came_back) and any(c for c, f in zip(came_back, LOSSLESS, strict=True) if f), by_request
     assert vllm_steps > 0

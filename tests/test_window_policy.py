@@ -286,8 +286,8 @@ def test_ar_steps_probe_windows_and_come_back():
         # Window steps of 10 ms: 1.5 tokens a window pay for 2.5x an AR step's time, not for 1.1x.
         timed = WindowSizer(16, step_cost(MICRO), ar_steps=True)
         timed.estimates.update(a=1.5, b=1.5)
-        timed.timed(2, 0.010, 6)
-        timed.timed(2, ar_seconds, None)
+        timed.times.record(2, 0.010, 6)
+        timed.times.record(2, ar_seconds, None)
         assert timed.steps_ar(requests) == steps_ar
     off = WindowSizer(16, step_cost(MICRO), ar_steps=False)
     off.estimates.update(a=0.5, b=0.5)

@@ -155,7 +155,7 @@ class WeDLMScheduler(Scheduler):
         # vLLM advances num_computed_tokens by each request's scheduled tokens here, drafts
         # included (rejected ones are taken back in update_from_output): add first windows first,
         # of the W chosen for them now.
-        windowless = None
+        windowless = None  # where W can be 0: the requests of the step the runner holds no window for
         if self._sizer is not None:
             if self._sizer.ar_steps:
                 windowless = {req_id for req_id in scheduler_output.num_scheduled_tokens
@@ -163,7 +163,7 @@ class WeDLMScheduler(Scheduler):
             stepping_ar = self._stepping_ar(scheduler_output) if self._ar_step else []
             self._sizer.assign(scheduler_output, self._planning(scheduler_output, set(stepping_ar)), stepping_ar)
         self._first_windows = self._ride_first_windows(scheduler_output, windowless)
-        self._timed_step = self._timing(scheduler_output) if self._sizer is not None and self._sizer.ar_steps else None
+        self._timed_step = None if windowless is None else self._timing(scheduler_output)
         super()._update_after_schedule(scheduler_output)
 
     def _stepping_ar(self, scheduler_output) -> list[str]:
@@ -190,7 +190,7 @@ class WeDLMScheduler(Scheduler):
         return planning
 
     def _timing(self, scheduler_output) -> tuple[int, int | None] | None:
-        """What the step is timed as (``WindowSizer.timed``): (its requests, None) for an AR step,
+        """What the step is timed as (``StepTimes.record``): (its requests, None) for an AR step,
         (its requests, its rows) for a window step; None where a prompt's rows are in it (a new
         request's, or a re-prefill longer than a window's run)."""
         scheduled, drafted = scheduler_output.num_scheduled_tokens, scheduler_output.scheduled_spec_decode_tokens
@@ -278,7 +278,8 @@ class WeDLMScheduler(Scheduler):
                 if request is not None and not request.is_finished() and not request.is_prefill_chunk:
                     request.spec_token_ids = window
         if self._timed_step is not None:
-            self._sizer.timed(*self._timed_step[:1], time.perf_counter() - self._step_began, self._timed_step[1])
+            batch, rows = self._timed_step
+            self._sizer.times.record(batch, time.perf_counter() - self._step_began, rows)
             self._timed_step = None
         now = time.monotonic()
         if self.commit_stats.request_forwards and now - self._last_log >= LOG_INTERVAL_S:

@@ -181,11 +181,6 @@ class WindowSizer:
         setattr(scheduler_output, WINDOW_SIZES_ATTR, chosen)
         return chosen
 
-    def timed(self, batch: int, seconds: float, rows: int | None) -> None:
-        """A decode step of ``batch`` requests ran in ``seconds``: an AR step (``rows`` None) or a window
-        step of ``rows`` rows (``StepTimes``)."""
-        self.times.record(batch, seconds, rows)
-
     def observe(self, scheduler_output, runs: dict[str, int]) -> None:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
         returned, for the requests whose window it forwarded)."""
