@@ -18,10 +18,10 @@ import torch
 
 from vllm_wedlm.adapter.async_gate import step_cost
 from vllm_wedlm.core.window_policy import (
-    CENSORED_BONUS,
-    COMMIT_AVERAGE_WEIGHT,
+    CENSORED_REACH,
     MIN_SLOT_GAIN,
-    SINGLE_SLOT_BONUS,
+    REACH_WEIGHT,
+    SINGLE_SLOT_REACH,
     StepCost,
     best_prefix_sizes,
     choose_step,
@@ -29,8 +29,9 @@ from vllm_wedlm.core.window_policy import (
     choose_window_sizes,
     every_usable_slot_pays,
     expected_commits,
-    slot_gains,
-    update_commit_estimate,
+    expected_run,
+    full_reach,
+    update_reach,
 )
 
 pytestmark = pytest.mark.fast
@@ -43,94 +44,161 @@ MICRO = SimpleNamespace(hidden_size=128, num_attention_heads=4, head_dim=32, num
                         intermediate_size=384, num_hidden_layers=4)
 
 
-def rate(estimate: torch.Tensor, sizes: torch.Tensor, cost: StepCost, run_rows: torch.Tensor) -> float:
+def reach_after(history: list[tuple[int, int]], max_window: int) -> list[float]:
+    """The reach of a request whose forwards committed ``history`` (committed, W), from nothing known."""
+    reach = full_reach(max_window)
+    for committed, window_size in history:
+        reach = update_reach(reach, committed, window_size)
+    return reach
+
+
+def random_history(rng: random.Random, max_window: int) -> list[tuple[int, int]]:
+    """A synthetic commit history: windows of random W committing a run drawn from one of a few
+    kinds of text (uncertain, predictable, swinging between the two, anything)."""
+    kind = rng.choice(["uncertain", "predictable", "swinging", "any"])
+    history = []
+    for _ in range(rng.randint(0, 12)):
+        window_size = rng.randint(1, max_window)
+        run = {"uncertain": rng.choice([0, 1, 1, 1]), "predictable": window_size,
+               "swinging": rng.choice([1, 1, 1, window_size]), "any": rng.randint(0, window_size)}[kind]
+        history.append((min(run, window_size), window_size))
+    return history
+
+
+def reaches(rng: random.Random, batch: int, max_window: int) -> torch.Tensor:
+    """[batch, max_window] float64: the reaches of ``batch`` requests of random histories."""
+    return torch.tensor([reach_after(random_history(rng, max_window), max_window) for _ in range(batch)],
+                        dtype=torch.float64)
+
+
+def rate(reach: torch.Tensor, sizes: torch.Tensor, cost: StepCost, run_rows: torch.Tensor) -> float:
     """Expected committed tokens per second of a step whose windows have ``sizes``."""
     rows = run_rows.double().sum() + sizes.sum()
-    return float(expected_commits(estimate, sizes).sum() / cost(rows))
+    return float(expected_commits(reach, sizes).sum() / cost(rows))
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_choice_is_the_best_of_every_choice(seed):
     rng = random.Random(seed)
     batch, max_window = rng.randint(1, 3), rng.randint(1, 5)
-    estimate = torch.tensor([rng.choice([0.4, 1.0, rng.uniform(0.5, 9.0), 12.0]) for _ in range(batch)])
+    reach = reaches(rng, batch, max_window)
     cost = StepCost(fixed=rng.uniform(0.5, 2.0), per_row=rng.choice([0.0, 0.01, 0.1, 1.0]),
                     knee=rng.choice([0, 2, 6, 20]))
-    run_rows = estimate.clamp(0, max_window)
-    chosen = choose_window_sizes(estimate, max_window, cost)
+    run_rows = expected_run(reach)
+    chosen = choose_window_sizes(reach, cost)
     assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
     assert ((1 <= chosen) & (chosen <= max_window)).all()
-    every = {sizes: rate(estimate, torch.tensor(sizes), cost, run_rows)
+    every = {sizes: rate(reach, torch.tensor(sizes), cost, run_rows)
              for sizes in itertools.product(range(1, max_window + 1), repeat=batch)}
     best = max(every.values())
-    got = rate(estimate, chosen, cost, run_rows)
-    assert got == pytest.approx(best, rel=1e-12), (estimate, cost, chosen, max(every, key=every.get))
+    got = rate(reach, chosen, cost, run_rows)
+    assert got == pytest.approx(best, rel=1e-12), (reach, cost, chosen, max(every, key=every.get))
     # Of the best choices, it forwards the fewest rows.
     assert int(chosen.sum()) == min(sum(s) for s, r in every.items() if r == pytest.approx(best, rel=1e-12))
 
 
-def test_slot_gains_follow_the_estimate():
-    gains = slot_gains(torch.tensor([0.5, 1.0, 2.0, 16.0]), 4)
-    assert gains[:, 0].tolist() == [1.0, 1.0, 1.0, 1.0]  # the first slot always commits
-    assert gains[0, 1:].tolist() == gains[1, 1:].tolist() == [0.0, 0.0, 0.0]  # at most one per forward
-    assert gains[2].tolist() == [1.0, 0.5, 0.25, 0.125]
-    assert (gains[3, 1:] < gains[3, :-1]).all() and gains[3, 3] > 0.8
-    # A geometric run of mean m commits about m with an unbounded window.
-    assert float(slot_gains(torch.tensor([3.0]), 200).sum()) == pytest.approx(3.0)
+@pytest.mark.parametrize("seed", range(10))
+def test_the_reach_is_the_share_of_runs_that_reached_each_slot(seed):
+    """Without censoring (no window filled), the reach is each slot's share of recent runs that got
+    past it, weighted as the moving average weighs them; it never rises along the window."""
+    rng = random.Random(seed)
+    history = [(rng.randint(0, 7), 8) for _ in range(rng.randint(1, 30))]
+    reach = reach_after(history, 8)
+    weights = [REACH_WEIGHT * (1 - REACH_WEIGHT) ** age for age in range(len(history))][::-1]
+    start = (1 - REACH_WEIGHT) ** len(history)  # what is left of the first guess (every slot reached)
+    for k in range(8):
+        share = start + sum(w for w, (run, _) in zip(weights, history, strict=True) if run > k)
+        assert reach[k] == pytest.approx(share)
+    assert all(a >= b for a, b in zip(reach, reach[1:], strict=False))
+    for history in ([(16, 16)], [(3, 16), (4, 4), (4, 4)], [(1, 1)] * 5):
+        reach = reach_after(history, 16)
+        assert all(a >= b for a, b in zip(reach, reach[1:], strict=False)), reach
+
+
+def test_a_full_window_counts_the_slots_past_it_as_reached_by_chance():
+    """A run that filled its window says nothing of the slots past it: slot j past the end counts
+    CENSORED_REACH ** j reached (SINGLE_SLOT_REACH ** j past a window of one slot, which always
+    commits); a run that stopped short counts every slot past it unreached."""
+    fresh = [0.0] * 8
+    assert update_reach(fresh, 4, 4) == pytest.approx(
+        [REACH_WEIGHT] * 4 + [REACH_WEIGHT * CENSORED_REACH ** j for j in range(1, 5)])
+    assert update_reach(fresh, 1, 1) == pytest.approx(
+        [REACH_WEIGHT] + [REACH_WEIGHT * SINGLE_SLOT_REACH ** j for j in range(1, 8)])
+    assert update_reach(fresh, 3, 4) == pytest.approx([REACH_WEIGHT] * 3 + [0.0] * 5)
+    assert update_reach(fresh, 0, 4) == [0.0] * 8  # a plain window that committed nothing
+
+
+def test_runs_that_swing_keep_the_whole_window():
+    """Counting ("B, C, D, ..."): runs of one token three forwards of four, the whole window the
+    fourth. Every deep slot keeps about the share of long runs, so the window stays whole on a
+    host-bound model; the expected commit of W 16 beats that of the W a geometric run of the same
+    mean would get (its slot 10 a twentieth of the share)."""
+    host_bound = step_cost(MICRO)
+    history = [(1, 16), (1, 16), (1, 16), (16, 16)] * 6 + [(1, 16)] * 3
+    reach = torch.tensor([reach_after(history, 16)], dtype=torch.float64)
+    assert float(reach[0, 15]) > 0.1  # the last long run three forwards ago
+    (size,) = choose_window_sizes(reach, host_bound).tolist()
+    assert size == 16
+    mean = float(expected_run(reach))
+    geometric = sum((1 - 1 / mean) ** w >= MIN_SLOT_GAIN for w in range(16))
+    assert geometric < 12
+    whole, cut = (float(expected_commits(reach, torch.tensor([w]))) for w in (16, geometric))
+    assert whole > cut
 
 
 def test_uncertain_text_gets_one_slot_and_predictable_text_the_whole_window():
     host_bound = step_cost(MICRO)
     assert host_bound.per_row * 4096 < 0.01 * host_bound.fixed  # rows cost next to nothing
-    sizes = choose_window_sizes(torch.tensor([0.8, 1.0, 16.5, 40.0]), 16, host_bound)
+    uncertain = reach_after([(1, 16)] * 20, 16)
+    nothing = reach_after([(0, 16), (1, 16)] * 10, 16)
+    predictable = reach_after([(16, 16)] * 3, 16)
+    sizes = choose_window_sizes(torch.tensor([uncertain, nothing, predictable, full_reach(16)]), host_bound)
     assert sizes.tolist() == [1, 1, 16, 16]
     # In between: as many slots as are expected to commit at least MIN_SLOT_GAIN tokens.
-    (two,) = choose_window_sizes(torch.tensor([2.0]), 16, host_bound).tolist()
-    assert 0.5 ** (two - 1) >= MIN_SLOT_GAIN > 0.5 ** two
+    halfway = reach_after([(8, 16)] * 20, 16)
+    assert choose_window_sizes(torch.tensor([halfway]), host_bound).tolist() == [8]
 
 
 def test_a_compute_bound_batch_gets_smaller_windows_than_a_host_bound_one():
     """On the Qwen3-8B shape a batch of 64 windows is past the knee (a row costs its FLOPs) where
     one window is not; on micro no batch is."""
-    estimate = torch.full((64,), 6.0)
-    alone = choose_window_sizes(estimate[:1], 16, step_cost(QWEN3_8B))
-    batch = choose_window_sizes(estimate, 16, step_cost(QWEN3_8B))
-    host_bound = choose_window_sizes(estimate, 16, step_cost(MICRO))
-    assert int(alone) == int(host_bound[0]) > 8
-    assert batch.float().mean() < 0.5 * float(alone)
+    reach = torch.tensor([reach_after([(16, 16), (4, 16), (9, 16), (2, 16)] * 3, 16)] * 64)
+    alone = choose_window_sizes(reach[:1], step_cost(QWEN3_8B))
+    batch = choose_window_sizes(reach, step_cost(QWEN3_8B))
+    host_bound = choose_window_sizes(reach, step_cost(MICRO))
+    assert int(alone) == int(host_bound[0]) == 16
+    assert batch.float().mean() < 0.6 * float(alone)
     assert (host_bound == host_bound[0]).all()
     # The knee can be moved (--wedlm-window-tokens): with none, every row of the batch costs.
-    no_knee = choose_window_sizes(estimate, 16, step_cost(QWEN3_8B, knee=0))
+    no_knee = choose_window_sizes(reach, step_cost(QWEN3_8B, knee=0))
     assert no_knee.sum() <= batch.sum()
 
 
-def test_the_estimate_follows_what_windows_commit():
+def test_the_reach_follows_what_windows_commit():
     """A request that commits one token per forward at W 16 drifts to W 1; at W 1 (which always
-    commits its one slot, a censored count) it probes W 2 and more again; one that commits its whole
-    window keeps growing past it."""
+    commits its one slot, a censored count) it probes W 2 again; one that commits its whole window
+    keeps growing past it."""
     cost = step_cost(MICRO)
-    estimate = torch.tensor([16.0])
-    for _ in range(20):
-        estimate = update_commit_estimate(estimate, torch.tensor([1]), torch.tensor([16]))
-    assert float(estimate) < 1.1 and int(choose_window_sizes(estimate, 16, cost)) == 1
+    reach = reach_after([(1, 16)] * 20, 16)
+    assert sum(reach) < 1.1 and choose_window_sizes(torch.tensor([reach]), cost).tolist() == [1]
     sizes = []
     for _ in range(12):
-        window = choose_window_sizes(estimate, 16, cost)
-        sizes.append(int(window))
-        estimate = update_commit_estimate(estimate, torch.ones(1, dtype=torch.long), window)  # commits 1
-    assert min(sizes) == 1 and max(sizes) >= 2  # back and forth: the probe
-    assert float(estimate) < 2
-    full = torch.tensor([4.0])
-    for _ in range(20):
-        window = choose_window_sizes(full, 16, cost)
-        full = update_commit_estimate(full, window, window)  # commits every slot
-    assert int(choose_window_sizes(full, 16, cost)) == 16
+        (window,) = choose_window_sizes(torch.tensor([reach]), cost).tolist()
+        sizes.append(window)
+        reach = update_reach(reach, 1, window)  # commits 1
+    assert min(sizes) == 1 and max(sizes) == 2  # back and forth: the probe
+    sizes = []
+    for _ in range(10):  # the text turns predictable: every window fills (two slots more each)
+        (window,) = choose_window_sizes(torch.tensor([reach]), cost).tolist()
+        sizes.append(window)
+        reach = update_reach(reach, window, window)
+    assert sizes == sorted(sizes) and sizes[-2:] == [16, 16], sizes
 
 
 def test_an_empty_batch_and_a_window_of_one():
     cost = step_cost(MICRO)
-    assert choose_window_sizes(torch.zeros(0), 16, cost).tolist() == []
-    assert choose_window_sizes(torch.tensor([9.0, 0.5]), 1, cost).tolist() == [1, 1]
+    assert choose_window_sizes(torch.zeros(0, 16), cost).tolist() == []
+    assert choose_window_sizes(torch.tensor([[1.0], [0.5]]), cost).tolist() == [1, 1]
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -138,10 +206,10 @@ def test_the_short_cuts_give_the_best_prefix(seed):
     """Where every usable slot pays (every window whole below the knee, or rows next to free on a
     host-bound model's cost curve), the short cut gives the best prefix's answer (the sort): every
     slot expected to commit at least MIN_SLOT_GAIN. And a curve whose rows cost takes the sort."""
-    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
     batch = [8, 64][seed % 2]
-    estimate = torch.rand(batch, generator=gen) * 20
-    run_rows = estimate.clamp(0, 16)
+    reach = reaches(rng, batch, 16)
+    run_rows = expected_run(reach)
     below = StepCost(fixed=1.0, per_row=1.0, knee=10**6)
     host_bound = step_cost(MICRO)
     compute_bound = step_cost(QWEN3_8B)
@@ -149,18 +217,18 @@ def test_the_short_cuts_give_the_best_prefix(seed):
     assert every_usable_slot_pays(host_bound, batch, 16, float(run_rows.sum()))
     assert not every_usable_slot_pays(compute_bound, batch, 16, float(run_rows.sum()))
     for cost in (below, host_bound, StepCost(fixed=1.0, per_row=0.0, knee=0)):
-        assert (choose_window_sizes(estimate, 16, cost).tolist()
-                == best_prefix_sizes(estimate, 16, cost, run_rows).tolist()
-                == (slot_gains(estimate, 16) >= MIN_SLOT_GAIN).sum(1).tolist())
+        assert (choose_window_sizes(reach, cost).tolist()
+                == best_prefix_sizes(reach, cost, run_rows).tolist()
+                == (1 + (reach[:, 1:] >= MIN_SLOT_GAIN).sum(1)).tolist())
     # Just inside the bound: a slot of the least usable gain still raises the rate.
     edge = StepCost(fixed=1.0, per_row=MIN_SLOT_GAIN / (2 * batch * 16) * 0.999, knee=0)
     assert every_usable_slot_pays(edge, batch, 16, 0.0)
-    assert choose_window_sizes(estimate, 16, edge).tolist() == best_prefix_sizes(estimate, 16, edge, run_rows).tolist()
+    assert choose_window_sizes(reach, edge).tolist() == best_prefix_sizes(reach, edge, run_rows).tolist()
 
 
 def test_a_new_request_starts_from_what_the_server_saw():
     """The scheduler's record (adapter/window_sizer.py): requests whose windows commit one token per
-    forward bring the server's estimate down, so a new request's first window is small; one that
+    forward bring the server's reach down, so a new request's first window is small; one that
     finished is forgotten."""
     from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
 
@@ -174,29 +242,27 @@ def test_a_new_request_starts_from_what_the_server_saw():
     assert max(sizes.values()) <= 2, sizes
     assert sizer.assign(SimpleNamespace(), ["new"])["new"] <= 3
     sizer.forget("a")
-    assert "a" not in sizer.estimates and sizer.window_of("a") == 16
+    assert "a" not in sizer.reaches and sizer.window_of("a") == 16
 
 
 def test_one_token_per_forward_stays_at_one_slot_where_rows_cost():
-    """A window of one slot always commits it, so its full forward counts only SINGLE_SLOT_BONUS
-    more: requests that commit one token per forward (random weights) settle at W 1 on the Qwen3-8B
+    """A window of one slot always commits it, so the slot past it counts only SINGLE_SLOT_REACH:
+    requests that commit one token per forward (random weights) settle at W 1 on the Qwen3-8B
     shape's batch of 64, where each row costs its FLOPs, and still probe W 2 alone, where rows are
-    free. With the full bonus they alternated W 1 and 2 at batch 64 (the H200's 0.62x AR)."""
+    free. Counted as reached at half chance, they alternated W 1 and 2 at batch 64 (the H200's
+    0.62x AR, lab notebook 5.20)."""
     cost = step_cost(QWEN3_8B)
     for batch, most_at_two in ((64, 0.0), (1, 1.0)):
-        estimate, at_two = torch.ones(batch), 0
+        reach, at_two = [full_reach(16)] * batch, 0
         for _ in range(100):
-            window = choose_window_sizes(estimate, 16, cost)
-            at_two += int((window == 2).sum())
-            assert int(window.max()) <= 2
-            estimate = update_commit_estimate(estimate, torch.ones(batch, dtype=torch.long), window)
+            window = choose_window_sizes(torch.tensor(reach), cost).tolist()
+            at_two += sum(w == 2 for w in window)
+            assert max(window) <= 2 or reach[0][2] >= MIN_SLOT_GAIN  # the first forwards: the full guess fades
+            reach = [update_reach(r, 1, w) for r, w in zip(reach, window, strict=True)]
         share = at_two / (100 * batch)
         assert share <= most_at_two and (share > 0.2 if batch == 1 else share == 0), (batch, share)
-    one_slot = update_commit_estimate(torch.tensor([1.0]), torch.tensor([1]), torch.tensor([1]))
-    two_slots = update_commit_estimate(torch.tensor([1.0]), torch.tensor([2]), torch.tensor([2]))
-    assert float(one_slot) == pytest.approx(1 + COMMIT_AVERAGE_WEIGHT * SINGLE_SLOT_BONUS)
-    assert float(two_slots) == pytest.approx(1 + COMMIT_AVERAGE_WEIGHT * (1 + CENSORED_BONUS))
-    assert update_commit_estimate(1.0, 1, 1) == pytest.approx(float(one_slot))  # the scheduler's scalars
+    assert update_reach([1.0, 0.0], 1, 1) == pytest.approx([1.0, REACH_WEIGHT * SINGLE_SLOT_REACH])
+    assert update_reach([1.0, 0.0, 0.0], 2, 2) == pytest.approx([1.0, REACH_WEIGHT, REACH_WEIGHT * CENSORED_REACH])
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -205,33 +271,34 @@ def test_the_step_chosen_is_the_best_of_every_choice_and_an_ar_step(seed):
     request), whichever commits more tokens per second."""
     rng = random.Random(seed)
     batch, max_window = rng.randint(1, 3), rng.randint(1, 4)
-    estimate = torch.tensor([rng.choice([0.6, 1.0, 1.2, rng.uniform(0.5, 9.0)]) for _ in range(batch)])
+    reach = reaches(rng, batch, max_window)
     cost = StepCost(fixed=rng.uniform(0.5, 2.0), per_row=rng.choice([0.0, 0.01, 0.1]), knee=rng.choice([0, 2, 6]))
     ar_step = cost.fixed * rng.uniform(0.3, 1.5)
-    run_rows = estimate.clamp(0, max_window)
-    chosen = choose_step(estimate, max_window, cost, ar_step)
+    run_rows = expected_run(reach)
+    chosen = choose_step(reach, cost, ar_step)
     assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
     ar_rate = batch / ar_step
-    best = max([ar_rate] + [rate(estimate, torch.tensor(sizes), cost, run_rows)
+    best = max([ar_rate] + [rate(reach, torch.tensor(sizes), cost, run_rows)
                             for sizes in itertools.product(range(1, max_window + 1), repeat=batch)])
     if (chosen == 0).all():
         assert ar_rate == pytest.approx(best, rel=1e-9)
     else:
         assert ((1 <= chosen) & (chosen <= max_window)).all()
-        assert rate(estimate, chosen, cost, run_rows) == pytest.approx(best, rel=1e-9)
+        assert rate(reach, chosen, cost, run_rows) == pytest.approx(best, rel=1e-9)
 
 
 def test_uncertain_text_falls_to_ar_steps_where_they_are_cheaper_and_predictable_text_keeps_windows():
     """On the micro's host-bound curve, with an AR step 0.8 of a window step's fixed cost (the
     plugin's host work): windows committing one token per forward lose to AR, windows committing
     six win; where an AR step costs as much as a window step, even one token per forward keeps the
-    windows at W 1 (the same token, and the estimate that lets W grow again)."""
+    windows at W 1 (the same token, and the reach that lets W grow again)."""
     cost = step_cost(MICRO, 256)
-    uncertain, predictable = torch.full((8,), 1.0), torch.full((8,), 6.0)
-    assert (choose_step(uncertain, 16, cost, 0.8 * cost.fixed) == 0).all()
-    assert (choose_step(predictable, 16, cost, 0.8 * cost.fixed) > 1).all()
-    assert (choose_step(uncertain, 16, cost, 1.2 * cost.fixed) >= 1).all()
-    assert choose_step(torch.zeros(0), 16, cost, 1.0).shape == (0,)
+    uncertain = torch.tensor([reach_after([(1, 16)] * 20, 16)] * 8)
+    predictable = torch.tensor([reach_after([(6, 16)] * 20, 16)] * 8)
+    assert (choose_step(uncertain, cost, 0.8 * cost.fixed) == 0).all()
+    assert (choose_step(predictable, cost, 0.8 * cost.fixed) > 1).all()
+    assert (choose_step(uncertain, cost, 1.2 * cost.fixed) >= 1).all()
+    assert choose_step(torch.zeros(0, 16), cost, 1.0).shape == (0,)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -240,14 +307,14 @@ def test_the_host_choice_is_choose_step(seed):
     answer wherever every usable slot pays, and declines elsewhere."""
     rng = random.Random(seed)
     batch = rng.randint(1, 64)
-    estimates = [rng.choice([0.5, 1.0, 1.05, rng.uniform(0.5, 16.0), 14.0]) for _ in range(batch)]
+    reach = reaches(rng, batch, 16)
     host_bound = step_cost(MICRO)
     ar_step = host_bound.fixed * rng.uniform(0.3, 1.5)
-    chosen = choose_step_on_host(estimates, 16, host_bound, ar_step)
-    assert chosen == choose_step(torch.tensor(estimates), 16, host_bound, ar_step).tolist()
+    chosen = choose_step_on_host(reach.tolist(), host_bound, ar_step)
+    assert chosen == choose_step(reach, host_bound, ar_step).tolist()
     compute_bound = step_cost(QWEN3_8B)
-    if not every_usable_slot_pays(compute_bound, batch, 16, sum(min(e, 16) for e in estimates)):
-        assert choose_step_on_host(estimates, 16, compute_bound, ar_step) is None
+    if not every_usable_slot_pays(compute_bound, batch, 16, float(expected_run(reach).sum())):
+        assert choose_step_on_host(reach.tolist(), compute_bound, ar_step) is None
 
 
 def test_ar_steps_probe_windows_and_come_back():
@@ -265,7 +332,7 @@ def test_ar_steps_probe_windows_and_come_back():
 
     requests = ["a", "b"]
     sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.5)
-    sizer.estimates.update(a=1.0, b=1.0)
+    sizer.reaches.update(a=reach_after([(1, 16)] * 20, 16), b=reach_after([(1, 16)] * 20, 16))
     kinds = []
     for _ in range(3 * PROBE_GAP + 2 * PROBE_STEPS):
         step = SimpleNamespace()
@@ -285,10 +352,10 @@ def test_ar_steps_probe_windows_and_come_back():
     for ar_seconds, steps_ar in ((0.004, True), (0.009, False)):
         # Window steps of 10 ms: 1.5 tokens a window pay for 2.5x an AR step's time, not for 1.1x.
         timed = WindowSizer(16, step_cost(MICRO), ar_steps=True)
-        timed.estimates.update(a=1.5, b=1.5)
+        timed.reaches.update(a=reach_after([(1, 2), (2, 2)] * 10, 16), b=reach_after([(1, 2), (2, 2)] * 10, 16))
         timed.times.record(2, 0.010, 6)
         timed.times.record(2, ar_seconds, None)
         assert timed.steps_ar(requests) == steps_ar
     off = WindowSizer(16, step_cost(MICRO), ar_steps=False)
-    off.estimates.update(a=0.5, b=0.5)
+    off.reaches.update(a=reach_after([(0, 16)] * 20, 16), b=reach_after([(0, 16)] * 20, 16))
     assert not off.steps_ar(requests)

@@ -11,10 +11,11 @@ schedule that window's rows.
 
 What a request committed is what its window steps return (the run each step decided: a plain
 window's next leading run, a lossless one's verified run), counted against the W of the window
-that step forwarded. Under async scheduling that comes back a step late; the estimate is a moving
-average either way. A request not seen yet starts from the server's: a slower moving average of
-every request's (``PRIOR_WEIGHT``), so that on a workload of uncertain text a new request does not
-spend its first forwards on whole windows, which a short answer never outgrows.
+that step forwarded (its ``reach``, ``core.window_policy.update_reach``). Under async scheduling
+that comes back a step late; the reach is a moving average either way. A request not seen yet
+starts from the server's: a slower moving average of every request's (``PRIOR_WEIGHT``), so that
+on a workload of uncertain text a new request does not spend its first forwards on whole windows,
+which a short answer never outgrows.
 
 **W 0: AR steps** (``core.window_policy.choose_step``). On the synchronous engine (exact rows) the
 scheduler asks ``steps_ar`` before each schedule whether the whole batch should take an AR step:
@@ -31,12 +32,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from vllm_wedlm.core.window_policy import (
-    COMMIT_AVERAGE_WEIGHT,
+    REACH_WEIGHT,
     StepCost,
     choose_step,
     choose_step_on_host,
     choose_window_sizes,
-    update_commit_estimate,
+    full_reach,
+    update_reach,
 )
 
 #: The ``SchedulerOutput`` attribute that carries a step's window sizes to the runner (a plain
@@ -44,8 +46,8 @@ from vllm_wedlm.core.window_policy import (
 WINDOW_SIZES_ATTR = "wedlm_window_sizes"
 #: The W of each window the step forwards, for the scheduler's count of its commits.
 FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
-#: Weight of each request's estimate, after each of its forwards, in the server's (a new request's start).
-PRIOR_WEIGHT = COMMIT_AVERAGE_WEIGHT / 8
+#: Weight of each request's reach, after each of its forwards, in the server's (a new request's start).
+PRIOR_WEIGHT = REACH_WEIGHT / 8
 #: An AR step's seconds against a window step's of one-slot windows (two rows a request) until the
 #: engine has timed its own: on the trained ``small`` model such a window step costs 1.4-2x an AR
 #: step (lab notebook 5.24), on the Qwen3-8B shape at batch 1 about 1.15x.
@@ -102,8 +104,8 @@ class StepTimes:
 class WindowSizer:
     def __init__(self, max_window: int, cost: StepCost, ar_steps: bool = False, ar_step_cost: float | None = None):
         self.max_window, self.cost = max_window, cost
-        self.estimates: dict[str, float] = {}  # req_id -> commits per forward (core.window_policy)
-        self.prior = float(max_window)  # a new request's estimate: the server's moving average
+        self.reaches: dict[str, list[float]] = {}  # req_id -> its reach [max_window] (core.window_policy)
+        self.prior = full_reach(max_window)  # a new request's reach: the server's moving average
         # req_id -> W of the window the runner holds (or plans now); 0: none, the request steps AR.
         self.planned: dict[str, int] = {}
         # W 0 (``steps_ar``): allowed at all, and an AR step's fixed cost against a window step's
@@ -139,15 +141,14 @@ class WindowSizer:
             self.probing = True
             return False
         asked, self.asked = self.asked, tuple(req_ids)
-        # While AR steps run, estimates do not move (nothing is observed): the same requests get the
+        # While AR steps run, reaches do not move (nothing is observed): the same requests get the
         # same answer, without the policy's host work, until a probe or a change of the batch.
         if not (self.ar_streak and asked == self.asked):
-            estimates = [self.estimates.get(r, self.prior) for r in req_ids]
+            reaches = [self.reaches.get(r, self.prior) for r in req_ids]
             cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
-            sizes = choose_step_on_host(estimates, self.max_window, cost, ar_step)
+            sizes = choose_step_on_host(reaches, cost, ar_step)
             if sizes is None:  # rows cost: the batch's best windows need the sort
-                sizes = choose_step(torch.tensor(estimates, dtype=torch.float32), self.max_window, cost,
-                                    ar_step).tolist()
+                sizes = choose_step(torch.tensor(reaches, dtype=torch.float64), cost, ar_step).tolist()
             if any(sizes):
                 self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
                 self.sizes_hint = dict(zip(req_ids, sizes, strict=True))
@@ -163,12 +164,12 @@ class WindowSizer:
         """Choose W for each window the step plans (the requests ``planning``: every window it
         forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step),
         attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
-        the server's estimate (``prior``)."""
+        the server's reach (``prior``)."""
         if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
             sizes = [self.sizes_hint[req_id] for req_id in planning]
         else:
-            estimate = torch.tensor([self.estimates.get(r, self.prior) for r in planning], dtype=torch.float32)
-            sizes = choose_window_sizes(estimate, self.max_window, self.cost).tolist()
+            reach = torch.tensor([self.reaches.get(r, self.prior) for r in planning], dtype=torch.float64)
+            sizes = choose_window_sizes(reach.view(len(planning), self.max_window), self.cost).tolist()
         if self.probing:  # a window that cannot miss its slot would tell nothing
             sizes = [max(size, min(PROBE_WINDOW, self.max_window)) for size in sizes]
         chosen = dict(zip(planning, sizes, strict=True))
@@ -186,11 +187,11 @@ class WindowSizer:
         returned, for the requests whose window it forwarded)."""
         forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, {})
         for req_id in runs.keys() & forwarded.keys():
-            value = update_commit_estimate(self.estimates.get(req_id, self.prior), runs[req_id], forwarded[req_id])
-            self.estimates[req_id] = value
-            self.prior += PRIOR_WEIGHT * (value - self.prior)
+            reach = update_reach(self.reaches.get(req_id, self.prior), runs[req_id], forwarded[req_id])
+            self.reaches[req_id] = reach
+            self.prior = [p + PRIOR_WEIGHT * (r - p) for p, r in zip(self.prior, reach, strict=True)]
 
     def forget(self, req_id: str) -> None:
         """A request finished or was aborted."""
-        self.estimates.pop(req_id, None)
+        self.reaches.pop(req_id, None)
         self.planned.pop(req_id, None)
