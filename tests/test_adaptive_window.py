@@ -53,6 +53,25 @@ def generate_traced(llm, prompts, params) -> tuple[list, dict[str, list[int]], i
     return outputs, {internal_id.rsplit("-", 1)[0]: sizes for internal_id, sizes in trace.items()}, forwards
 
 
+def record_diffusion_counts(llm) -> dict[str, int]:
+    """The totals of the diffusion counters the engine's scheduler hands vLLM's stat loggers
+    (``SchedulerStats.spec_decoding_stats``; ``vllm serve`` publishes them as
+    ``vllm:diffusion_num_*``), from now on: the scheduler of the in-process engine core
+    (``running_llm`` on the CPU) has its ``make_stats`` observed."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    make_stats, totals = scheduler.make_stats, {"denoising steps": 0, "committed tokens": 0}
+
+    def observed(*args, **kwargs):
+        stats = make_stats(*args, **kwargs)
+        if stats is not None and stats.spec_decoding_stats is not None:
+            totals["denoising steps"] += stats.spec_decoding_stats.num_drafts
+            totals["committed tokens"] += stats.spec_decoding_stats.num_accepted_tokens
+        return stats
+
+    scheduler.make_stats = observed
+    return totals
+
+
 def assert_replayed(reference, outputs, by_request, rules, lossless) -> list:
     """Assert that each output is the reference decoder's at the W sequence the engine recorded for it
     (``rules``, ``lossless``: each request's StopRule and mode); the reference's outputs."""
@@ -173,7 +192,8 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": lossless})
               for n, lossless in zip(MAX_TOKENS, LOSSLESS, strict=True)]
     with running_llm(checkpoint, dtype="float32", async_scheduling=False, additional_config=wedlm,
-                     max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET) as llm:
+                     max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET, disable_log_stats=False) as llm:
+        counted = record_diffusion_counts(llm)
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps"))
         outputs, by_request, forwards = generate_traced(llm, PROMPTS, params)
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps")) - vllm_steps
@@ -184,3 +204,7 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     came_back = [0 in sizes and any(sizes[sizes.index(0):]) for sizes in (by_request[o.request_id] for o in outputs)]
     assert any(came_back) and any(c for c, f in zip(came_back, LOSSLESS, strict=True) if f), by_request
     assert vllm_steps > 0
+    # vLLM's diffusion counters (what /metrics serves) count the AR steps' forwards too: every
+    # request-forward a denoising step, every token returned committed.
+    assert counted["denoising steps"] == forwards
+    assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)

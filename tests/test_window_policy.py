@@ -132,7 +132,7 @@ def test_runs_that_swing_keep_the_whole_window():
     """Counting ("B, C, D, ..."): runs of one token three forwards of four, the whole window the
     fourth. Every deep slot keeps about the share of long runs, so the window stays whole on a
     host-bound model; the expected commit of W 16 beats that of the W a geometric run of the same
-    mean would get (its slot 10 a twentieth of the share)."""
+    mean would get."""
     host_bound = step_cost(MICRO)
     history = [(1, 16), (1, 16), (1, 16), (16, 16)] * 6 + [(1, 16)] * 3
     reach = torch.tensor([reach_after(history, 16)], dtype=torch.float64)

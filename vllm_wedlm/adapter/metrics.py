@@ -2,7 +2,8 @@
 
 vLLM already names the counters a diffusion decoder needs; a WeDLM engine fills them:
 
-* ``vllm:diffusion_num_denoising_steps_total``: request-forwards (one request's window in one step);
+* ``vllm:diffusion_num_denoising_steps_total``: request-forwards (one request's window in one step, or
+  its forward in an adaptive window's AR step, W 0);
 * ``vllm:diffusion_num_canvas_positions_total``: window slots forwarded;
 * ``vllm:diffusion_num_committed_tokens_total``: tokens committed.
 

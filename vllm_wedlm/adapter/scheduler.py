@@ -76,6 +76,8 @@ class WeDLMScheduler(Scheduler):
         # req_id -> the step's statistics (None when not logged), for each request whose window the
         # step being updated forwarded: its committed tokens are counted once its output is appended.
         self._window_stats: dict[str, SpecDecodingStats | None] = {}
+        # The diffusion counters of an AR step's forwards (W 0), until vLLM makes the step's stats.
+        self._ar_step_stats: SpecDecodingStats | None = None
         # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
         self._held_prompt_logprobs: dict[str, object] = {}
         self._last_log = time.monotonic()
@@ -256,9 +258,7 @@ class WeDLMScheduler(Scheduler):
         self._window_stats = {}
         for req_id, window_size in (getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}).items():
             if window_size == 0:  # an AR step's forward: one request-forward, its token counted once appended
-                self._window_stats[req_id] = None
-                self.commit_stats.request_forwards += 1
-                self.commit_stats.window_tokens += scheduler_output.num_scheduled_tokens.get(req_id, 0)
+                self._window_stats[req_id] = self._ar_step_forward(scheduler_output.num_scheduled_tokens.get(req_id, 0))
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -328,6 +328,32 @@ class WeDLMScheduler(Scheduler):
             if stats is not None:
                 stats.num_accepted_tokens += len(appended[0])
         return appended
+
+    def _ar_step_forward(self, rows: int) -> SpecDecodingStats | None:
+        """Count one request's forward of an AR step (W 0, ``rows`` rows: its leading run) as the
+        log line and vLLM's diffusion counters count a window's: a denoising step, its rows as canvas
+        positions, its token as committed once appended. vLLM makes a step's statistics only from
+        requests with drafts, and an AR step has none: these wait for ``make_stats``."""
+        self.commit_stats.request_forwards += 1
+        self.commit_stats.window_tokens += rows
+        if not self.log_stats:
+            return None
+        if self._ar_step_stats is None:
+            self._ar_step_stats = SpecDecodingStats.new(0)
+        self._ar_step_stats.num_drafts += 1
+        self._ar_step_stats.num_draft_tokens += rows
+        return self._ar_step_stats
+
+    def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None, cudagraph_stats=None, perf_stats=None):
+        # The step's AR forwards (``_ar_step_forward``) join its window forwards' counts.
+        ar_step, self._ar_step_stats = self._ar_step_stats, None
+        if ar_step is not None and spec_decoding_stats is None:
+            spec_decoding_stats = ar_step
+        elif ar_step is not None:
+            spec_decoding_stats.num_drafts += ar_step.num_drafts
+            spec_decoding_stats.num_draft_tokens += ar_step.num_draft_tokens
+            spec_decoding_stats.num_accepted_tokens += ar_step.num_accepted_tokens
+        return super().make_stats(spec_decoding_stats, kv_connector_stats, cudagraph_stats, perf_stats)
 
     def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens, num_accepted_tokens,
                                  num_invalid_spec_tokens, request_id):

@@ -51,6 +51,8 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
     "update_from_output": _override("Scheduler", "self", "scheduler_output", "model_runner_output"),
     "make_spec_decoding_stats": _override("Scheduler", "self", "spec_decoding_stats", "num_draft_tokens",
                                           "num_accepted_tokens", "num_invalid_spec_tokens", "request_id"),
+    "make_stats": _override("Scheduler", "self", "spec_decoding_stats", "kv_connector_stats", "cudagraph_stats",
+                            "perf_stats"),  # an AR step's forwards in the diffusion counters
     "shutdown": _override("Scheduler", "self"),
     "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
     "get_grammar_bitmask": _override("Scheduler", "self", "scheduler_output"),

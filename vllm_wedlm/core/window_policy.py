@@ -12,9 +12,10 @@ The model behind the choice:
   average of whether a forward's committed run reached it (run > k), over about its last four
   forwards (``update_reach``). Slot k of its next window is expected to commit ``reach[k]`` tokens
   (its *gain*). This is the run's measured distribution, not a shape assumed from its mean: a
-  request whose runs swing between 1 and 14 (counting: "B, C, D, ..." after an uncertain start)
-  keeps the share of long runs on every deep slot, where a geometric run of the same mean (about 3)
-  gave slot 10 a twentieth of it and cut the window to 7 slots (lab notebook 5.29). A forward that
+  request whose runs swing between nothing and the whole window (counting on ``small``: 0 tokens in
+  37% of forwards, 12 to 16 in 10%) keeps the share of long runs on every deep slot, where a
+  geometric run of the same mean (about 3) gave slot 10 a fifth of it and cut the window to 7 slots
+  (lab notebook 5.29). A forward that
   committed its whole window was censored by W: the slots past it count as reached with chance
   ``CENSORED_REACH`` ** j (j slots past the end), so a window that keeps filling up grows by a few
   slots a forward. A window of one slot commits it whatever the model's confidence, so its full
