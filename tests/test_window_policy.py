@@ -319,13 +319,12 @@ def test_the_host_choice_is_choose_step(seed):
 
 def test_ar_steps_probe_windows_and_come_back():
     """The scheduler's record (adapter/window_sizer.py): requests that commit one token per forward
-    step AR (W 0), with two window steps every 4, 8, 16 ... AR steps (a probe: at least 4 slots, its
+    step AR (W 0), with two window steps every 4, 8, 16 ... AR steps (a probe: whole windows, their
     commits observed); once windows commit again, they stay. The AR step's cost is timed
     (``StepTimes``) unless fixed; "off" never steps AR."""
     from vllm_wedlm.adapter.window_sizer import (
         PROBE_GAP,
         PROBE_STEPS,
-        PROBE_WINDOW,
         WINDOW_SIZES_ATTR,
         WindowSizer,
     )
@@ -340,7 +339,7 @@ def test_ar_steps_probe_windows_and_come_back():
         chosen = sizer.assign(step, [] if ar else requests, requests if ar else [])
         kinds.append("ar" if ar else "probe")
         assert getattr(step, WINDOW_SIZES_ATTR) == chosen
-        assert set(chosen.values()) == ({0} if ar else {PROBE_WINDOW})
+        assert set(chosen.values()) == ({0} if ar else {16})
         assert sizer.holds_window("a") == (not ar)
         if not ar:
             sizer.observe(step, {"a": 1, "b": 1})
@@ -359,3 +358,28 @@ def test_ar_steps_probe_windows_and_come_back():
     off = WindowSizer(16, step_cost(MICRO), ar_steps=False)
     off.reaches.update(a=reach_after([(0, 16)] * 20, 16), b=reach_after([(0, 16)] * 20, 16))
     assert not off.steps_ar(requests)
+
+
+def test_a_probe_of_whole_windows_sees_a_long_run_and_brings_windows_back():
+    """Where an AR step costs 0.3 of a window step (lossless windows on ``small`` cost about 2.7 AR
+    steps), windows must commit over three tokens a forward to win. A probe forwards whole windows:
+    runs of 12 seen by it bring the windows back. The same text seen through windows of 4 (full, so
+    only censored past them) would have kept the batch stepping AR (the probes of lab notebook 5.29)."""
+    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, PROBE_STEPS, WindowSizer
+
+    def steps(seen_through: int) -> list[int]:
+        sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.3)
+        sizer.reaches.update(a=reach_after([(1, 16)] * 20, 16), b=reach_after([(1, 16)] * 20, 16))
+        sizes = []
+        for _ in range(PROBE_GAP + PROBE_STEPS + 3):
+            step = SimpleNamespace()
+            ar = sizer.steps_ar(["a", "b"])
+            chosen = sizer.assign(step, [] if ar else ["a", "b"], ["a", "b"] if ar else [])
+            sizes.append(max(chosen.values()))
+            if not ar:
+                setattr(step, FORWARDED_SIZES_ATTR, dict.fromkeys(chosen, seen_through))
+                sizer.observe(step, dict.fromkeys(chosen, min(12, seen_through)))
+        return sizes
+
+    assert steps(16) == [0] * PROBE_GAP + [16] * PROBE_STEPS + [12] * 3
+    assert steps(4) == [0] * PROBE_GAP + [16] * PROBE_STEPS + [0] * 3

@@ -21,8 +21,8 @@ which a short answer never outgrows.
 scheduler asks ``steps_ar`` before each schedule whether the whole batch should take an AR step:
 vLLM's own step, one token per request, at the cost the engine measured for its AR steps
 (``StepTimes``: the seconds of its own steps, AR and windowed, per batch-size class). A W 0 step
-observes nothing of what windows would commit, so every few AR steps two window steps re-measure
-(a probe; the gap doubles while AR keeps winning).
+observes nothing of what windows would commit, so every few AR steps two window steps of whole
+windows re-measure (a probe; the gap doubles while AR keeps winning).
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ AR_STEP_PRIOR = 0.7
 #: Weight of a step's seconds in the moving averages of ``StepTimes``.
 STEP_TIME_WEIGHT = 0.2
 #: AR steps before a window step re-measures what windows commit; doubled while AR still wins, up to
-#: the most. A probe's windows get at least ``PROBE_WINDOW`` slots (W 1 always commits its slot and
-#: would tell nothing).
-PROBE_GAP, MAX_PROBE_GAP, PROBE_WINDOW = 4, 64, 4
+#: the most. A probe's windows are whole (the server's W): a shorter one cannot see a run longer than
+#: itself, and a run of the whole window is what makes text like counting pay (its runs: nothing,
+#: one token, or 12 to 16; lab notebook 5.29). Not yet timed on a GPU (5.29 ran probes of W 4).
+PROBE_GAP, MAX_PROBE_GAP = 4, 64
 #: Window steps of a probe: a lossless request that held no window forwards only the token its AR step
 #: returned in the first (its window starts with the token drawn from that row), its window in the next.
 PROBE_STEPS = 2
@@ -170,8 +171,8 @@ class WindowSizer:
         else:
             reach = torch.tensor([self.reaches.get(r, self.prior) for r in planning], dtype=torch.float64)
             sizes = choose_window_sizes(reach.view(len(planning), self.max_window), self.cost).tolist()
-        if self.probing:  # a window that cannot miss its slot would tell nothing
-            sizes = [max(size, min(PROBE_WINDOW, self.max_window)) for size in sizes]
+        if self.probing:  # the whole window: what windows would commit, long runs included
+            sizes = [self.max_window] * len(sizes)
         chosen = dict(zip(planning, sizes, strict=True))
         # The window a step forwards was planned by the request's step before (a first window riding
         # with its prompt, or a window after an AR step, by this one).
