@@ -330,19 +330,27 @@ class WeDLMScheduler(Scheduler):
         return appended
 
     def _ar_step_forward(self, rows: int) -> SpecDecodingStats | None:
-        """Count one request's forward of an AR step (W 0, ``rows`` rows: its leading run) as the
-        log line and vLLM's diffusion counters count a window's: a denoising step, its rows as canvas
-        positions, its token as committed once appended. vLLM makes a step's statistics only from
+        """Count one request's forward of an AR step (W 0, ``rows`` rows: its leading run) as a
+        window's forward is counted (``_count_forward``). vLLM makes a step's statistics only from
         requests with drafts, and an AR step has none: these wait for ``make_stats``."""
+        self._ar_step_stats = self._count_forward(self._ar_step_stats, rows)
+        return self._ar_step_stats
+
+    def _count_forward(self, stats: SpecDecodingStats | None, rows: int) -> SpecDecodingStats | None:
+        """Count one request-forward of ``rows`` rows in the log line and, where statistics are on, in
+        ``stats`` (made if None; returned, else None): vLLM's diffusion counters read them as a
+        denoising step and its canvas positions (adapter/metrics.py); its committed tokens are added once appended
+        (``_count_returned``). Filled directly: SpecDecodingStats.observe_draft assumes at most
+        num_speculative_tokens accepted, and its per-position vector means nothing here."""
         self.commit_stats.request_forwards += 1
         self.commit_stats.window_tokens += rows
         if not self.log_stats:
             return None
-        if self._ar_step_stats is None:
-            self._ar_step_stats = SpecDecodingStats.new(0)
-        self._ar_step_stats.num_drafts += 1
-        self._ar_step_stats.num_draft_tokens += rows
-        return self._ar_step_stats
+        if stats is None:
+            stats = SpecDecodingStats.new(0)
+        stats.num_drafts += 1
+        stats.num_draft_tokens += rows
+        return stats
 
     def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None, cudagraph_stats=None, perf_stats=None):
         # The step's AR forwards (``_ar_step_forward``) join its window forwards' counts.
@@ -361,22 +369,10 @@ class WeDLMScheduler(Scheduler):
         # engine has none), with its draft count and the tokens the step returned before any
         # stop cuts them: one request-forward. Its committed tokens are counted once the run is
         # appended (``_count_returned``), from what the request keeps.
-        self.commit_stats.request_forwards += 1
         window_tokens = self._forwarded.get(request_id, num_draft_tokens)  # the leading run, then the drafts
-        self.commit_stats.window_tokens += window_tokens
-        if not self.log_stats:
-            self._window_stats[request_id] = None
-            return spec_decoding_stats
-        # The frontend's metrics read these as vLLM's diffusion-decoding counters (denoising
-        # steps, canvas positions, committed tokens; see adapter/metrics.py). Filled directly:
-        # SpecDecodingStats.observe_draft assumes at most num_speculative_tokens accepted, and
-        # its per-position vector means nothing here.
-        if spec_decoding_stats is None:
-            spec_decoding_stats = SpecDecodingStats.new(0)
-        spec_decoding_stats.num_drafts += 1
-        spec_decoding_stats.num_draft_tokens += window_tokens
-        self._window_stats[request_id] = spec_decoding_stats
-        return spec_decoding_stats
+        counted = self._count_forward(spec_decoding_stats, window_tokens)
+        self._window_stats[request_id] = counted
+        return spec_decoding_stats if counted is None else counted
 
     def shutdown(self) -> None:
         if self.commit_stats.request_forwards:

@@ -15,15 +15,15 @@ The model behind the choice:
   request whose runs swing between nothing and the whole window (counting on ``small``: 0 tokens in
   37% of forwards, 12 to 16 in 10%) keeps the share of long runs on every deep slot, where a
   geometric run of the same mean (about 3) gave slot 10 a fifth of it and cut the window to 7 slots
-  (lab notebook 5.29). A forward that
-  committed its whole window was censored by W: the slots past it count as reached with chance
-  ``CENSORED_REACH`` ** j (j slots past the end), so a window that keeps filling up grows by a few
-  slots a forward. A window of one slot commits it whatever the model's confidence, so its full
-  forward says little: the slots past it count ``SINGLE_SLOT_REACH`` ** j, which settles slot 1 of
-  a request at W = 1 at 1/8: worth a row only while rows are nearly free (a small batch, a
-  host-bound model). So such a request keeps probing W = 2 where probing costs nothing, and stays at
-  W = 1 on a compute-bound batch (lab notebook 5.20). A reach is non-increasing along the window
-  (each forward's observation is), so a window's gains decrease slot by slot.
+  (lab notebook 5.29). A forward that committed its whole window was censored by W: the slots past
+  it count as reached with chance ``CENSORED_REACH`` ** j (j slots past the end), so a window that
+  keeps filling up grows by a few slots a forward. A window of one slot commits it whatever the
+  model's confidence, so its full forward says little: the slots past it count
+  ``SINGLE_SLOT_REACH`` ** j, which settles slot 1 of a request at W = 1 at 1/8: worth a row only
+  while rows are nearly free (a small batch, a host-bound model). So such a request keeps probing
+  W = 2 where probing costs nothing, and stays at W = 1 on a compute-bound batch (lab notebook
+  5.20). A reach is non-increasing along the window (each forward's observation is), so a window's
+  gains decrease slot by slot.
 * **What a step costs** (``StepCost``): fixed seconds per step (host work and reading the weights),
   nothing more per row up to the knee (the rows a forward takes at the cost of its weight reads),
   and each row's FLOPs beyond it. On a host-bound model every row below the knee is free; on a
