@@ -46,7 +46,8 @@ from vllm_wedlm.core.window_policy import (
 WINDOW_SIZES_ATTR = "wedlm_window_sizes"
 #: The W of each window the step forwards, for the scheduler's count of its commits.
 FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
-#: Weight of each request's reach, after each of its forwards, in the server's (a new request's start).
+#: Weight of each request's reach, after each of its forwards, in the server's (a new request's start);
+#: a step moves the server's reach toward its requests' mean once, by the weight of that many forwards.
 PRIOR_WEIGHT = REACH_WEIGHT / 8
 #: An AR step's seconds against a window step's of one-slot windows (two rows a request) until the
 #: engine has timed its own: on the trained ``small`` model such a window step costs 1.4-2x an AR
@@ -187,10 +188,15 @@ class WindowSizer:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
         returned, for the requests whose window it forwarded)."""
         forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, {})
-        for req_id in runs.keys() & forwarded.keys():
+        updated = []
+        for req_id in sorted(runs.keys() & forwarded.keys()):
             reach = update_reach(self.reaches.get(req_id, self.prior), runs[req_id], forwarded[req_id])
             self.reaches[req_id] = reach
-            self.prior = [p + PRIOR_WEIGHT * (r - p) for p, r in zip(self.prior, reach, strict=True)]
+            updated.append(reach)
+        if updated:  # once a step, toward the step's mean reach, as far as its forwards move it
+            weight = 1.0 - (1.0 - PRIOR_WEIGHT) ** len(updated)
+            mean = [sum(column) / len(updated) for column in zip(*updated, strict=True)]
+            self.prior = [p + weight * (m - p) for p, m in zip(self.prior, mean, strict=True)]
 
     def forget(self, req_id: str) -> None:
         """A request finished or was aborted."""
