@@ -1,4 +1,4 @@
-"""The adaptive window's choice of W (``core/window_policy.py``), in pure PyTorch.
+"""The adaptive window's choice of W (``core/window_policy.py``), in Python numbers.
 
 ``choose_window_sizes`` must give the best W of every request of a batch under its own model of
 commits and of a step's cost: checked against every choice on small batches, over synthetic
@@ -14,7 +14,6 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from vllm_wedlm.adapter.async_gate import step_cost
 from vllm_wedlm.core.window_policy import (
@@ -23,15 +22,15 @@ from vllm_wedlm.core.window_policy import (
     REACH_WEIGHT,
     SINGLE_SLOT_REACH,
     StepCost,
-    best_prefix_sizes,
+    best_prefix,
     choose_step,
-    choose_step_on_host,
     choose_window_sizes,
     every_usable_slot_pays,
     expected_commits,
     expected_run,
     full_reach,
     update_reach,
+    usable_gains,
 )
 
 pytestmark = pytest.mark.fast
@@ -65,16 +64,19 @@ def random_history(rng: random.Random, max_window: int) -> list[tuple[int, int]]
     return history
 
 
-def reaches(rng: random.Random, batch: int, max_window: int) -> torch.Tensor:
-    """[batch, max_window] float64: the reaches of ``batch`` requests of random histories."""
-    return torch.tensor([reach_after(random_history(rng, max_window), max_window) for _ in range(batch)],
-                        dtype=torch.float64)
+def reaches(rng: random.Random, batch: int, max_window: int) -> list[list[float]]:
+    """The reaches of ``batch`` requests of random histories."""
+    return [reach_after(random_history(rng, max_window), max_window) for _ in range(batch)]
 
 
-def rate(reach: torch.Tensor, sizes: torch.Tensor, cost: StepCost, run_rows: torch.Tensor) -> float:
+def rate(reach: list[list[float]], sizes, cost: StepCost, run_rows: float) -> float:
     """Expected committed tokens per second of a step whose windows have ``sizes``."""
-    rows = run_rows.double().sum() + sizes.sum()
-    return float(expected_commits(reach, sizes).sum() / cost(rows))
+    return expected_commits(reach, list(sizes)) / cost.seconds(run_rows + sum(sizes))
+
+
+def usable_slots(reach: list[list[float]]) -> list[int]:
+    """Each window's slots expected to commit at least MIN_SLOT_GAIN (the first always)."""
+    return [1 + sum(gain >= MIN_SLOT_GAIN for gain in r[1:]) for r in reach]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -86,15 +88,14 @@ def test_the_choice_is_the_best_of_every_choice(seed):
                     knee=rng.choice([0, 2, 6, 20]))
     run_rows = expected_run(reach)
     chosen = choose_window_sizes(reach, cost)
-    assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
-    assert ((1 <= chosen) & (chosen <= max_window)).all()
-    every = {sizes: rate(reach, torch.tensor(sizes), cost, run_rows)
+    assert len(chosen) == batch and all(isinstance(w, int) and 1 <= w <= max_window for w in chosen)
+    every = {sizes: rate(reach, sizes, cost, run_rows)
              for sizes in itertools.product(range(1, max_window + 1), repeat=batch)}
     best = max(every.values())
     got = rate(reach, chosen, cost, run_rows)
     assert got == pytest.approx(best, rel=1e-12), (reach, cost, chosen, max(every, key=every.get))
     # Of the best choices, it forwards the fewest rows.
-    assert int(chosen.sum()) == min(sum(s) for s, r in every.items() if r == pytest.approx(best, rel=1e-12))
+    assert sum(chosen) == min(sum(s) for s, r in every.items() if r == pytest.approx(best, rel=1e-12))
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -135,14 +136,14 @@ def test_runs_that_swing_keep_the_whole_window():
     mean would get."""
     host_bound = step_cost(MICRO)
     history = [(1, 16), (1, 16), (1, 16), (16, 16)] * 6 + [(1, 16)] * 3
-    reach = torch.tensor([reach_after(history, 16)], dtype=torch.float64)
-    assert float(reach[0, 15]) > 0.1  # the last long run three forwards ago
-    (size,) = choose_window_sizes(reach, host_bound).tolist()
+    reach = [reach_after(history, 16)]
+    assert reach[0][15] > 0.1  # the last long run three forwards ago
+    (size,) = choose_window_sizes(reach, host_bound)
     assert size == 16
-    mean = float(expected_run(reach))
+    mean = expected_run(reach)
     geometric = sum((1 - 1 / mean) ** w >= MIN_SLOT_GAIN for w in range(16))
     assert geometric < 12
-    whole, cut = (float(expected_commits(reach, torch.tensor([w]))) for w in (16, geometric))
+    whole, cut = (expected_commits(reach, [w]) for w in (16, geometric))
     assert whole > cut
 
 
@@ -152,26 +153,26 @@ def test_uncertain_text_gets_one_slot_and_predictable_text_the_whole_window():
     uncertain = reach_after([(1, 16)] * 20, 16)
     nothing = reach_after([(0, 16), (1, 16)] * 10, 16)
     predictable = reach_after([(16, 16)] * 3, 16)
-    sizes = choose_window_sizes(torch.tensor([uncertain, nothing, predictable, full_reach(16)]), host_bound)
-    assert sizes.tolist() == [1, 1, 16, 16]
+    sizes = choose_window_sizes([uncertain, nothing, predictable, full_reach(16)], host_bound)
+    assert sizes == [1, 1, 16, 16]
     # In between: as many slots as are expected to commit at least MIN_SLOT_GAIN tokens.
     halfway = reach_after([(8, 16)] * 20, 16)
-    assert choose_window_sizes(torch.tensor([halfway]), host_bound).tolist() == [8]
+    assert choose_window_sizes([halfway], host_bound) == [8]
 
 
 def test_a_compute_bound_batch_gets_smaller_windows_than_a_host_bound_one():
     """On the Qwen3-8B shape a batch of 64 windows is past the knee (a row costs its FLOPs) where
     one window is not; on micro no batch is."""
-    reach = torch.tensor([reach_after([(16, 16), (4, 16), (9, 16), (2, 16)] * 3, 16)] * 64)
-    alone = choose_window_sizes(reach[:1], step_cost(QWEN3_8B))
+    reach = [reach_after([(16, 16), (4, 16), (9, 16), (2, 16)] * 3, 16)] * 64
+    (alone,) = choose_window_sizes(reach[:1], step_cost(QWEN3_8B))
     batch = choose_window_sizes(reach, step_cost(QWEN3_8B))
     host_bound = choose_window_sizes(reach, step_cost(MICRO))
-    assert int(alone) == int(host_bound[0]) == 16
-    assert batch.float().mean() < 0.6 * float(alone)
-    assert (host_bound == host_bound[0]).all()
+    assert alone == host_bound[0] == 16
+    assert sum(batch) / len(batch) < 0.6 * alone
+    assert set(host_bound) == {16}
     # The knee can be moved (--wedlm-window-tokens): with none, every row of the batch costs.
     no_knee = choose_window_sizes(reach, step_cost(QWEN3_8B, knee=0))
-    assert no_knee.sum() <= batch.sum()
+    assert sum(no_knee) <= sum(batch)
 
 
 def test_the_reach_follows_what_windows_commit():
@@ -180,16 +181,16 @@ def test_the_reach_follows_what_windows_commit():
     keeps growing past it."""
     cost = step_cost(MICRO)
     reach = reach_after([(1, 16)] * 20, 16)
-    assert sum(reach) < 1.1 and choose_window_sizes(torch.tensor([reach]), cost).tolist() == [1]
+    assert sum(reach) < 1.1 and choose_window_sizes([reach], cost) == [1]
     sizes = []
     for _ in range(12):
-        (window,) = choose_window_sizes(torch.tensor([reach]), cost).tolist()
+        (window,) = choose_window_sizes([reach], cost)
         sizes.append(window)
         reach = update_reach(reach, 1, window)  # commits 1
     assert min(sizes) == 1 and max(sizes) == 2  # back and forth: the probe
     sizes = []
     for _ in range(10):  # the text turns predictable: every window fills (two slots more each)
-        (window,) = choose_window_sizes(torch.tensor([reach]), cost).tolist()
+        (window,) = choose_window_sizes([reach], cost)
         sizes.append(window)
         reach = update_reach(reach, window, window)
     assert sizes == sorted(sizes) and sizes[-2:] == [16, 16], sizes
@@ -197,33 +198,55 @@ def test_the_reach_follows_what_windows_commit():
 
 def test_an_empty_batch_and_a_window_of_one():
     cost = step_cost(MICRO)
-    assert choose_window_sizes(torch.zeros(0, 16), cost).tolist() == []
-    assert choose_window_sizes(torch.tensor([[1.0], [0.5]]), cost).tolist() == [1, 1]
+    assert choose_window_sizes([], cost) == [] and choose_step([], cost, 1.0) == []
+    assert choose_window_sizes([[1.0], [0.5]], cost) == [1, 1]
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_the_short_cuts_give_the_best_prefix(seed):
+def test_the_short_cut_gives_the_best_prefix(seed):
     """Where every usable slot pays (every window whole below the knee, or rows next to free on a
-    host-bound model's cost curve), the short cut gives the best prefix's answer (the sort): every
-    slot expected to commit at least MIN_SLOT_GAIN. And a curve whose rows cost takes the sort."""
+    host-bound model's cost curve), the short cut gives the search's answer: every slot expected to
+    commit at least MIN_SLOT_GAIN. And a curve whose rows cost takes the search."""
     rng = random.Random(seed)
     batch = [8, 64][seed % 2]
     reach = reaches(rng, batch, 16)
     run_rows = expected_run(reach)
+    gains = [usable_gains(r) for r in reach]
     below = StepCost(fixed=1.0, per_row=1.0, knee=10**6)
     host_bound = step_cost(MICRO)
     compute_bound = step_cost(QWEN3_8B)
-    assert every_usable_slot_pays(below, batch, 16, float(run_rows.sum()))
-    assert every_usable_slot_pays(host_bound, batch, 16, float(run_rows.sum()))
-    assert not every_usable_slot_pays(compute_bound, batch, 16, float(run_rows.sum()))
+    assert every_usable_slot_pays(below, batch, 16, run_rows)
+    assert every_usable_slot_pays(host_bound, batch, 16, run_rows)
+    assert not every_usable_slot_pays(compute_bound, batch, 16, run_rows)
     for cost in (below, host_bound, StepCost(fixed=1.0, per_row=0.0, knee=0)):
-        assert (choose_window_sizes(reach, cost).tolist()
-                == best_prefix_sizes(reach, cost, run_rows).tolist()
-                == (1 + (reach[:, 1:] >= MIN_SLOT_GAIN).sum(1)).tolist())
+        assert choose_window_sizes(reach, cost) == best_prefix(gains, cost, run_rows)[0] == usable_slots(reach)
     # Just inside the bound: a slot of the least usable gain still raises the rate.
     edge = StepCost(fixed=1.0, per_row=MIN_SLOT_GAIN / (2 * batch * 16) * 0.999, knee=0)
     assert every_usable_slot_pays(edge, batch, 16, 0.0)
-    assert choose_window_sizes(reach, edge).tolist() == best_prefix_sizes(reach, edge, run_rows).tolist()
+    assert choose_window_sizes(reach, edge) == best_prefix(gains, edge, run_rows)[0]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_search_stops_at_the_best_prefix(seed):
+    """``best_prefix`` stops at the first slot that lowers the rate: the rate of every prefix of the
+    slots in order of gain has one peak (gains falling, cost convex). Checked against the best of
+    every prefix on batches too large to try every choice, where rows cost."""
+    rng = random.Random(seed)
+    batch = rng.randint(1, 128)
+    reach = reaches(rng, batch, 16)
+    run_rows = expected_run(reach)
+    cost = rng.choice([step_cost(QWEN3_8B), step_cost(QWEN3_8B, knee=0),
+                       StepCost(fixed=1.0, per_row=rng.uniform(1e-4, 0.1), knee=rng.choice([0, 64, 512]))])
+    gains = [usable_gains(r) for r in reach]
+    extra = sorted((g for usable in gains for g in usable[1:]), reverse=True)
+    base = sum(usable[0] for usable in gains)
+    prefixes = [(base + sum(extra[:n])) / cost.seconds(run_rows + batch + n) for n in range(len(extra) + 1)]
+    best = max(prefixes)
+    sizes, commits, rows = best_prefix(gains, cost, run_rows)
+    assert rows == run_rows + sum(sizes) and commits == pytest.approx(expected_commits(reach, sizes))
+    assert commits / cost.seconds(rows) == pytest.approx(best, rel=1e-12)
+    assert sum(sizes) - batch == min(n for n, r in enumerate(prefixes) if r == pytest.approx(best, rel=1e-12))
+    assert choose_window_sizes(reach, cost) == sizes
 
 
 def test_a_new_request_starts_from_what_the_server_saw():
@@ -255,7 +278,7 @@ def test_one_token_per_forward_stays_at_one_slot_where_rows_cost():
     for batch, most_at_two in ((64, 0.0), (1, 1.0)):
         reach, at_two = [full_reach(16)] * batch, 0
         for _ in range(100):
-            window = choose_window_sizes(torch.tensor(reach), cost).tolist()
+            window = choose_window_sizes(reach, cost)
             at_two += sum(w == 2 for w in window)
             assert max(window) <= 2 or reach[0][2] >= MIN_SLOT_GAIN  # the first forwards: the full guess fades
             reach = [update_reach(r, 1, w) for r, w in zip(reach, window, strict=True)]
@@ -276,14 +299,14 @@ def test_the_step_chosen_is_the_best_of_every_choice_and_an_ar_step(seed):
     ar_step = cost.fixed * rng.uniform(0.3, 1.5)
     run_rows = expected_run(reach)
     chosen = choose_step(reach, cost, ar_step)
-    assert chosen.dtype == torch.int64 and chosen.shape == (batch,)
+    assert len(chosen) == batch
     ar_rate = batch / ar_step
-    best = max([ar_rate] + [rate(reach, torch.tensor(sizes), cost, run_rows)
+    best = max([ar_rate] + [rate(reach, sizes, cost, run_rows)
                             for sizes in itertools.product(range(1, max_window + 1), repeat=batch)])
-    if (chosen == 0).all():
+    if set(chosen) == {0}:
         assert ar_rate == pytest.approx(best, rel=1e-9)
     else:
-        assert ((1 <= chosen) & (chosen <= max_window)).all()
+        assert all(1 <= w <= max_window for w in chosen)
         assert rate(reach, chosen, cost, run_rows) == pytest.approx(best, rel=1e-9)
 
 
@@ -293,28 +316,11 @@ def test_uncertain_text_falls_to_ar_steps_where_they_are_cheaper_and_predictable
     six win; where an AR step costs as much as a window step, even one token per forward keeps the
     windows at W 1 (the same token, and the reach that lets W grow again)."""
     cost = step_cost(MICRO, 256)
-    uncertain = torch.tensor([reach_after([(1, 16)] * 20, 16)] * 8)
-    predictable = torch.tensor([reach_after([(6, 16)] * 20, 16)] * 8)
-    assert (choose_step(uncertain, cost, 0.8 * cost.fixed) == 0).all()
-    assert (choose_step(predictable, cost, 0.8 * cost.fixed) > 1).all()
-    assert (choose_step(uncertain, cost, 1.2 * cost.fixed) >= 1).all()
-    assert choose_step(torch.zeros(0, 16), cost, 1.0).shape == (0,)
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_the_host_choice_is_choose_step(seed):
-    """``choose_step_on_host`` (the scheduler's every step, Python numbers) gives ``choose_step``'s
-    answer wherever every usable slot pays, and declines elsewhere."""
-    rng = random.Random(seed)
-    batch = rng.randint(1, 64)
-    reach = reaches(rng, batch, 16)
-    host_bound = step_cost(MICRO)
-    ar_step = host_bound.fixed * rng.uniform(0.3, 1.5)
-    chosen = choose_step_on_host(reach.tolist(), host_bound, ar_step)
-    assert chosen == choose_step(reach, host_bound, ar_step).tolist()
-    compute_bound = step_cost(QWEN3_8B)
-    if not every_usable_slot_pays(compute_bound, batch, 16, float(expected_run(reach).sum())):
-        assert choose_step_on_host(reach.tolist(), compute_bound, ar_step) is None
+    uncertain = [reach_after([(1, 16)] * 20, 16)] * 8
+    predictable = [reach_after([(6, 16)] * 20, 16)] * 8
+    assert set(choose_step(uncertain, cost, 0.8 * cost.fixed)) == {0}
+    assert min(choose_step(predictable, cost, 0.8 * cost.fixed)) > 1
+    assert min(choose_step(uncertain, cost, 1.2 * cost.fixed)) >= 1
 
 
 def test_ar_steps_probe_windows_and_come_back():

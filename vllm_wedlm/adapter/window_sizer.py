@@ -29,13 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from vllm_wedlm.core.window_policy import (
     REACH_WEIGHT,
     StepCost,
     choose_step,
-    choose_step_on_host,
     choose_window_sizes,
     full_reach,
     update_reach,
@@ -148,9 +145,7 @@ class WindowSizer:
         if not (self.ar_streak and asked == self.asked):
             reaches = [self.reaches.get(r, self.prior) for r in req_ids]
             cost, ar_step = self.times.costs(len(req_ids), self.cost, self.ar_step_cost)
-            sizes = choose_step_on_host(reaches, cost, ar_step)
-            if sizes is None:  # rows cost: the batch's best windows need the sort
-                sizes = choose_step(torch.tensor(reaches, dtype=torch.float64), cost, ar_step).tolist()
+            sizes = choose_step(reaches, cost, ar_step)
             if any(sizes):
                 self.probe_gap, self.ar_streak = PROBE_GAP, 0  # windows win: they are measured as they run
                 self.sizes_hint = dict(zip(req_ids, sizes, strict=True))
@@ -170,8 +165,7 @@ class WindowSizer:
         if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
             sizes = [self.sizes_hint[req_id] for req_id in planning]
         else:
-            reach = torch.tensor([self.reaches.get(r, self.prior) for r in planning], dtype=torch.float64)
-            sizes = choose_window_sizes(reach.view(len(planning), self.max_window), self.cost).tolist()
+            sizes = choose_window_sizes([self.reaches.get(r, self.prior) for r in planning], self.cost)
         if self.probing:  # the whole window: what windows would commit, long runs included
             sizes = [self.max_window] * len(sizes)
         chosen = dict(zip(planning, sizes, strict=True))

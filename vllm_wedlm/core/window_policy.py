@@ -41,16 +41,17 @@ windows are expected to commit fewer tokens per second than an AR step of the ba
 request, at the AR step's own measured cost), every request steps AR. The synchronous engine asks it
 before every step (``adapter/window_sizer.py``), timing its own steps for both costs.
 
-``choose_step_on_host`` is ``choose_step`` in Python numbers for the common case (every usable slot
-pays): the scheduler asks it before every step, where a few dozen small tensor operations would cost
-a host-bound model's step a tenth of its time.
+It is all Python numbers, not tensors: the scheduler chooses before every step, for at most a few
+hundred requests of 16 slots, where the few dozen small tensor operations of a sort cost more than
+the arithmetic itself (at batch 64 on the Qwen3-8B shape's curve: 0.9 ms a step on a 2-core CPU in
+tensors, 0.1 ms in Python; a step of the async engine hides its host work only up to the forward's
+time). The search walks the slots in order of gain and stops at the rate's peak.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-
-import torch
 
 #: Weight of a forward in each request's reach: about the last four forwards count.
 REACH_WEIGHT = 0.25
@@ -75,12 +76,8 @@ class StepCost:
     knee: int
     """Rows a forward takes at no extra cost."""
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        """[...] float64 seconds of steps of ``rows`` ([...]) rows."""
-        return self.fixed + self.per_row * (rows.double() - self.knee).clamp(min=0)
-
     def seconds(self, rows: float) -> float:
-        """The seconds of one step of ``rows`` rows, as a Python number (the scheduler's)."""
+        """The seconds of one step of ``rows`` rows."""
         return self.fixed + self.per_row * max(rows - self.knee, 0.0)
 
 
@@ -93,64 +90,47 @@ def update_reach(reach: list[float], committed: int, window_size: int) -> list[f
     """A request's ``reach`` (one float per slot of the largest window) after a forward of a window
     of ``window_size`` slots that committed ``committed`` tokens: the slots before the run's end
     were reached, those after it not, unless the run filled the window (censored: slot j past the
-    end counts ``CENSORED_REACH ** j``, ``SINGLE_SLOT_REACH ** j`` past a window of one slot).
-    Python numbers: the scheduler updates one request at a time, every step."""
+    end counts ``CENSORED_REACH ** j``, ``SINGLE_SLOT_REACH ** j`` past a window of one slot)."""
+    keep = 1.0 - REACH_WEIGHT
+    reached = [keep * r + REACH_WEIGHT for r in reach[:committed]]
     if committed >= window_size:  # full: what lies past it is unknown
-        tail = SINGLE_SLOT_REACH if window_size == 1 else CENSORED_REACH
-        return [r + REACH_WEIGHT * ((1.0 if k < committed else tail ** (k - committed + 1)) - r)
-                for k, r in enumerate(reach)]
-    return [r + REACH_WEIGHT * ((k < committed) - r) for k, r in enumerate(reach)]
+        tail = _censored_tail(window_size == 1, len(reach) - committed)
+        return reached + [keep * r + t for r, t in zip(reach[committed:], tail, strict=True)]
+    return reached + [keep * r for r in reach[committed:]]
 
 
-def expected_run(reach: torch.Tensor) -> torch.Tensor:
-    """[B] float64: each request's expected committed run (the sum of its reach [B, W]): the rows its
-    window's leading run adds to the step after."""
-    return reach.double().sum(1)
+@functools.cache
+def _censored_tail(single_slot: bool, slots: int) -> tuple[float, ...]:
+    """What ``update_reach`` adds to each of the ``slots`` slots past a full window."""
+    tail = SINGLE_SLOT_REACH if single_slot else CENSORED_REACH
+    return tuple(REACH_WEIGHT * tail ** j for j in range(1, slots + 1))
 
 
-def expected_commits(reach: torch.Tensor, window_size: torch.Tensor) -> torch.Tensor:
-    """[B] float64: the tokens a forward of windows of ``window_size`` ([B]) slots is expected to
-    commit: the gains (``reach`` [B, W]) of each window's slots, those below ``MIN_SLOT_GAIN`` past
-    the first counting nothing."""
-    gains = _usable(reach.double())
-    columns = torch.arange(gains.shape[1], device=gains.device)[None]
-    return torch.where(columns < window_size[:, None], gains, 0).sum(1)
+def expected_run(reaches: list[list[float]]) -> float:
+    """The rows the batch's leading runs add to its next step: each request's expected committed
+    run, the sum of its reach."""
+    return sum(sum(reach) for reach in reaches)
 
 
-def usable_slots(reach: torch.Tensor) -> torch.Tensor:
-    """[B] int64: the slots of each window expected to commit at least ``MIN_SLOT_GAIN`` tokens (the
-    first always): the gains decrease along a window, so these are its first ones."""
-    return (reach[:, 1:] >= MIN_SLOT_GAIN).sum(1) + 1
+def usable_gains(reach: list[float]) -> list[float]:
+    """The gains of a request's slots worth a row: the first always, then those of at least
+    ``MIN_SLOT_GAIN`` (the gains decrease along a window, so these are its first ones)."""
+    usable = 1
+    while usable < len(reach) and reach[usable] >= MIN_SLOT_GAIN:
+        usable += 1
+    return reach[:usable]
 
 
-def _usable(gains: torch.Tensor) -> torch.Tensor:
-    usable = gains.clone()
-    usable[:, 1:] = torch.where(gains[:, 1:] >= MIN_SLOT_GAIN, gains[:, 1:], 0)
-    return usable
-
-
-def choose_window_sizes(reach: torch.Tensor, cost: StepCost, run_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """[B] int64 in [1, W]: the W of each request's next window that maximises the batch's expected
-    committed tokens per second (``expected_commits`` over ``cost``).
-
-    ``reach`` [B, W]: each request's (``update_reach``; W the largest window); ``run_rows`` [B]: the
-    rows each window's leading run adds to the step (default: ``expected_run``). Every window gets
-    one slot; the others go in order of gain (a request's slots in order, the gains being
-    decreasing), as many as tokens per second keep rising."""
-    batch, max_window = reach.shape
-    if not batch:
-        return torch.zeros(0, dtype=torch.int64, device=reach.device)
-    if run_rows is None:
-        run_rows = expected_run(reach)
-    if every_usable_slot_pays(cost, batch, max_window, float(run_rows.sum())):
-        return usable_slots(reach)  # the best prefix's answer, with no sort
-    return best_prefix_sizes(reach, cost, run_rows)
+def expected_commits(reaches: list[list[float]], sizes: list[int]) -> float:
+    """The tokens a forward of windows of ``sizes`` slots is expected to commit: the gains of each
+    window's slots, those below ``MIN_SLOT_GAIN`` past the first counting nothing."""
+    return sum(sum(usable_gains(reach)[:size]) for reach, size in zip(reaches, sizes, strict=True))
 
 
 def every_usable_slot_pays(cost: StepCost, batch: int, max_window: int, run_rows: float) -> bool:
     """Whether every slot expected to commit ``MIN_SLOT_GAIN`` raises the batch's tokens per second
-    whatever else the step forwards, so that the best prefix is every such slot (``usable_slots``):
-    the common case, which then needs no sort (host work the scheduler does every step).
+    whatever else the step forwards, so that the best choice is every such slot, with no sort: the
+    common case.
 
     Either every window whole fits below the knee (rows cost nothing: a small batch), or rows cost
     next to nothing (a host-bound model). A slot of gain g added to a step of gain G and cost C at
@@ -163,64 +143,63 @@ def every_usable_slot_pays(cost: StepCost, batch: int, max_window: int, run_rows
     return 2 * cost.per_row * batch * max_window < MIN_SLOT_GAIN * cost.fixed
 
 
-def best_prefix_sizes(reach: torch.Tensor, cost: StepCost, run_rows: torch.Tensor) -> torch.Tensor:
-    """``choose_window_sizes`` by its definition (every window one slot, then the others in order of
-    gain, the prefix of the best rate), for a non-empty batch: a sort of every slot."""
-    batch, max_window = reach.shape
-    gains = _usable(reach.double())  # [B, W]
-    extra = gains[:, 1:].flatten()  # [B * (W - 1)]: every slot past each window's first
-    order = torch.argsort(extra, descending=True, stable=True)
-    base_gain = gains[:, 0].sum()  # the first slots
-    base_rows = run_rows.double().sum() + batch
-    count = torch.arange(extra.numel() + 1, dtype=torch.float64, device=reach.device)  # slots added
-    gain = base_gain + torch.cat([extra.new_zeros(1), extra[order].cumsum(0)])
-    rate = gain / cost(base_rows + count)  # [B * (W - 1) + 1] tokens per second of each prefix
-    rate = torch.where(torch.cat([rate.new_ones(1, dtype=torch.bool), extra[order] > 0]), rate, -1.0)
-    best = int(torch.argmax(rate))  # the first maximum: the fewest rows at the best rate
-    added = torch.zeros_like(extra, dtype=torch.int64)
-    added[order[:best]] = 1
-    return 1 + added.view(batch, max_window - 1).sum(1)
+def best_windows(reaches: list[list[float]], cost: StepCost,
+                 run_rows: float | None = None) -> tuple[list[int], float, float]:
+    """The W of each request's next window that maximises the batch's expected committed tokens
+    per second, with the tokens those windows are expected to commit and the rows they forward.
+
+    ``reaches``: each request's (``update_reach``), of one length (the largest window);
+    ``run_rows``: the rows the windows' leading runs add to the step (default: ``expected_run``).
+    Every window gets one slot; the others go in order of gain (a request's slots in order, the
+    gains being decreasing), as many as tokens per second keep rising: the gains fall and the cost
+    is convex in rows, so the rate along that order rises to its peak and then falls (the first
+    fall ends the search; of equal rates the fewest rows win)."""
+    if run_rows is None:
+        run_rows = expected_run(reaches)
+    gains = [usable_gains(reach) for reach in reaches]
+    sizes = [len(usable) for usable in gains]
+    if reaches and every_usable_slot_pays(cost, len(reaches), len(reaches[0]), run_rows):
+        commits = sum(sum(usable) for usable in gains)
+        return sizes, commits, run_rows + sum(sizes)
+    return best_prefix(gains, cost, run_rows)
 
 
-def choose_step(reach: torch.Tensor, cost: StepCost, ar_step: float,
-                run_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """[B] int64 in [0, W]: ``choose_window_sizes``'s windows, or W 0 for every request (an AR step
-    of the whole batch) where that is expected to commit more tokens per second.
+def best_prefix(gains: list[list[float]], cost: StepCost, run_rows: float) -> tuple[list[int], float, float]:
+    """``best_windows`` by its definition, without the short cut: every window one slot, then the
+    others (each request's ``usable_gains``, ``gains``) in order of gain while the rate rises."""
+    commits, rows = sum(usable[0] for usable in gains), run_rows + len(gains)
+    # Every slot past each window's first, by gain; a stable sort keeps a request's equal gains in
+    # slot order, so each request's slots are taken as a prefix of its window.
+    extra = sorted(((gain, request) for request, usable in enumerate(gains) for gain in usable[1:]),
+                   key=lambda slot: slot[0], reverse=True)
+    best_rate, taken = commits / cost.seconds(rows), 0
+    for gain, _ in extra:
+        rate = (commits + gain) / cost.seconds(rows + 1)
+        if rate <= best_rate:
+            break
+        best_rate, commits, rows, taken = rate, commits + gain, rows + 1, taken + 1
+    sizes = [1] * len(gains)
+    for _, request in extra[:taken]:
+        sizes[request] += 1
+    return sizes, commits, rows
+
+
+def choose_window_sizes(reaches: list[list[float]], cost: StepCost, run_rows: float | None = None) -> list[int]:
+    """Each request's W in [1, W] for its next window (``best_windows``)."""
+    return best_windows(reaches, cost, run_rows)[0]
+
+
+def choose_step(reaches: list[list[float]], cost: StepCost, ar_step: float,
+                run_rows: float | None = None) -> list[int]:
+    """Each request's W in [0, W]: ``best_windows``, or W 0 for every request (an AR step of the
+    whole batch) where that is expected to commit more tokens per second.
 
     ``ar_step``: the seconds of an AR step of this batch (vLLM's own step, which commits one token per
     request whatever the text). On a host-bound model a window step costs more than an AR step (its
     mask rows, its host work), so where windows commit about one token per forward (uncertain text)
     AR is faster; a tie goes to AR, the cheaper step to run. The choice is the batch's, not each
     request's: the saving comes from the step being vLLM's whole (no window of any request)."""
-    if run_rows is None:
-        run_rows = expected_run(reach)
-    sizes = choose_window_sizes(reach, cost, run_rows)
-    if not sizes.numel():
-        return sizes
-    window_rate = expected_commits(reach, sizes).sum() / cost(run_rows.double().sum() + sizes.sum())
-    return torch.zeros_like(sizes) if sizes.numel() / ar_step >= float(window_rate) else sizes
-
-
-def choose_step_on_host(reaches: list[list[float]], cost: StepCost, ar_step: float) -> list[int] | None:
-    """``choose_step`` of the requests of ``reaches`` (each one's ``update_reach``; their runs taken
-    as ``expected_run``), in Python numbers, where every usable slot pays (``every_usable_slot_pays``:
-    each window is then its usable slots, ``usable_slots``, with no sort); None where that does not
-    hold (ask ``choose_step``)."""
-    batch = len(reaches)
-    if not batch:
-        return None
-    run_rows = sum(sum(reach) for reach in reaches)
-    if not every_usable_slot_pays(cost, batch, len(reaches[0]), run_rows):
-        return None
-    sizes, commits = [], 0.0
-    for reach in reaches:
-        size = 1
-        for gain in reach[1:]:  # the gains decrease: the usable slots come first
-            if gain < MIN_SLOT_GAIN:
-                break
-            size += 1
-            commits += gain
-        commits += reach[0]
-        sizes.append(size)
-    window_rate = commits / cost.seconds(run_rows + sum(sizes))
-    return [0] * batch if batch / ar_step >= window_rate else sizes
+    if not reaches:
+        return []
+    sizes, commits, rows = best_windows(reaches, cost, run_rows)
+    return [0] * len(reaches) if len(reaches) / ar_step >= commits / cost.seconds(rows) else sizes
