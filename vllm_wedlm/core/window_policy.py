@@ -43,7 +43,7 @@ before every step (``adapter/window_sizer.py``), timing its own steps for both c
 
 It is all Python numbers, not tensors: the scheduler chooses before every step, for at most a few
 hundred requests of 16 slots, where the few dozen small tensor operations of a sort cost more than
-the arithmetic itself (at batch 64 on the Qwen3-8B shape's curve: 0.9 ms a step on a 2-core CPU in
+the arithmetic itself (at batch 64 on the Qwen3-8B shape's curve: 0.6 ms a step on a 2-core CPU in
 tensors, 0.1 ms in Python; a step of the async engine hides its host work only up to the forward's
 time). The search walks the slots in order of gain and stops at the rate's peak.
 """
