@@ -183,6 +183,7 @@ class WindowSizer:
         returned, for the requests whose window it forwarded)."""
         forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, {})
         updated = []
+        # In a fixed order: a set's order follows the hash seed, and the mean's rounding with it.
         for req_id in sorted(runs.keys() & forwarded.keys()):
             reach = update_reach(self.reaches.get(req_id, self.prior), runs[req_id], forwarded[req_id])
             self.reaches[req_id] = reach

@@ -157,10 +157,9 @@ def best_windows(reaches: list[list[float]], cost: StepCost,
     if run_rows is None:
         run_rows = expected_run(reaches)
     gains = [usable_gains(reach) for reach in reaches]
-    sizes = [len(usable) for usable in gains]
     if reaches and every_usable_slot_pays(cost, len(reaches), len(reaches[0]), run_rows):
-        commits = sum(sum(usable) for usable in gains)
-        return sizes, commits, run_rows + sum(sizes)
+        sizes = [len(usable) for usable in gains]
+        return sizes, sum(sum(usable) for usable in gains), run_rows + sum(sizes)
     return best_prefix(gains, cost, run_rows)
 
 
