@@ -18,6 +18,12 @@ of kernel (attention, matrix products, other) and the ``--top`` kernels, each pe
 ``--max-tokens`` long, and ``--tau`` (e.g. 0.4: one token per forward on random weights, the step
 cost's floor). ``--async-scheduling`` runs vLLM's async scheduling (WeDLM with fixed window rows);
 ``--async-padding-tokens`` sets its gate (0: every step forwards exact rows).
+
+The host work of the async engine's code on a CPU (lab notebook 5.31): a tiny shape with fixed rows,
+every window padded, the adaptive window choosing on the 8B shape's cost curve:
+
+    python -m benchmarks.profile_steps --shape tiny --decoding wedlm --window-size auto --batch-size 64 \
+        --tau 0.4 --fixed-rows --async-padding-tokens 1048576 --cost-shape qwen3-8b --max-model-len 512
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import pstats
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def main() -> None:
@@ -53,6 +60,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128, help="with --shape: each prompt's length")
     parser.add_argument("--async-scheduling", action="store_true", help="vLLM's async scheduling (GPU)")
     parser.add_argument("--async-padding-tokens", type=int, help="with --async-scheduling: the gate's budget")
+    parser.add_argument("--fixed-rows", action="store_true",
+                        help="fixed window rows (the async engine's layout; on a CPU it runs synchronously)")
+    parser.add_argument("--cost-shape", help="with --window-size auto: the adaptive window chooses W on this "
+                        "shape's step-cost curve (e.g. qwen3-8b, profiled on a small model's host work)")
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to --max-tokens")
@@ -65,7 +76,7 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    from vllm_wedlm.config import ASYNC_PADDING_KEY, REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD
+    from vllm_wedlm.config import ASYNC_PADDING_KEY, FIXED_ROWS_KEY, REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD
     from vllm_wedlm.engine_settings import engine_kwargs
 
     additional_config = {"decoding": args.decoding}
@@ -73,6 +84,10 @@ def main() -> None:
         additional_config["window_size"] = args.window_size
     if args.async_padding_tokens is not None:
         additional_config[ASYNC_PADDING_KEY] = args.async_padding_tokens
+    if args.fixed_rows:
+        additional_config[FIXED_ROWS_KEY] = True
+    if args.cost_shape:
+        _choose_on_cost_curve(args.cost_shape)
     settings = engine_kwargs(max_model_len=args.max_model_len)
     if args.gpu_memory_utilization:
         settings["gpu_memory_utilization"] = args.gpu_memory_utilization
@@ -126,6 +141,19 @@ def main() -> None:
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+
+
+def _choose_on_cost_curve(shape: str) -> None:
+    """Give the scheduler (in this process) the step-cost curve of ``shape`` for its adaptive window,
+    so that a small model's run chooses W as the large model would, and its host work is the large
+    model's choice's (the policy's arithmetic, the reaches, the spans), without its forward."""
+    import dataclasses
+
+    from benchmarks.step_cost import SHAPES
+    from vllm_wedlm.adapter import async_gate, scheduler
+
+    cost = async_gate.step_cost(SimpleNamespace(**dataclasses.asdict(SHAPES[shape][0])))
+    scheduler.step_cost = lambda hf_config, knee=None: cost
 
 
 def _steps(llm, args, outputs=None) -> int:

@@ -125,6 +125,7 @@ class RunnerCounts:
     windows_pipelined: int = 0  # window steps scheduled while the request's window step before was in flight
     sizes_seen: set[int] = field(default_factory=set)  # the adaptive window's W, as the scheduler chose them
     narrow: int = 0  # window steps of fewer rows than the server's W
+    few_logits_rows: int = 0  # plain windows stepped with fewer logits rows (wedlm_mask_rows) than the server's W
 
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -196,6 +197,7 @@ class RunnerCounts:
             if not drafts:
                 return 0  # an empty window's run
             assert drafts == len(window.filled), (req_id, drafts, window)
+            assert out.wedlm_mask_rows >= drafts, (req_id, out.wedlm_mask_rows, window)  # a logits row per mask
         else:
             needed = len(window.filled)
             run = leading_run(window.filled)
@@ -215,6 +217,9 @@ class RunnerCounts:
                 self.voids += 1
                 window.computed += run
                 return window.plan(window.filled[run:], w)
+            # The step's logits rows per window cover every slot after its run (its masks among them).
+            assert out.wedlm_mask_rows >= needed - run, (req_id, out.wedlm_mask_rows, window)
+            self.few_logits_rows += out.wedlm_mask_rows < min(self.window_size, room)
         return window.forward(self.rng, w)
 
 
@@ -359,3 +364,4 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
         assert runner.sizes_seen >= ({1, 16} if adaptive else set()) and len(runner.sizes_seen) >= 4 * adaptive, (
             runner.sizes_seen)
         assert bool(runner.narrow) == adaptive, runner.narrow
+        assert bool(runner.few_logits_rows) == adaptive, runner.few_logits_rows

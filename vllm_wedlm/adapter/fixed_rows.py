@@ -27,6 +27,7 @@ from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
@@ -101,7 +102,8 @@ class FixedRows(RowLayout):
         completes_prefill = ~window & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
         ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
         first_token = completes_prefill & lossless & ~has_window  # [B] draws its window's slot 0 from its last row
-        rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window])
+        rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window],
+                                                      getattr(scheduler_output, MASK_ROWS_ATTR, None))
         self.rows_per_window = rows_per_window
         self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
                                     ar_next, first_token, computed + n,
@@ -173,17 +175,23 @@ class FixedRows(RowLayout):
             next_token[: self.window_logits] = check_rows(w_lossless, run, self.rows_per_window).flatten()
         return positions + next_token
 
-    def logits_rows_per_window(self, lossless_windows: np.ndarray, window_rows: np.ndarray) -> int:
+    def logits_rows_per_window(self, lossless_windows: np.ndarray, window_rows: np.ndarray,
+                               mask_rows: int | None = None) -> int:
         """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window
-        can have (the server's W), or, in a step with a lossless window ([B] bool), the most rows a
-        window can have (2W), which its verification reads; and no more than the most rows a window
-        of the step forwards (``window_rows`` [Bw]). A window that is not void holds its run and the
-        slots after it within its rows, so those bound its mask rows; an adaptive window's W is
-        mostly far below the server's, and each logits row costs the LM head's FLOPs and its share
-        of the sampling (R 16 for windows of W 1 cost 2 ms a step on the Qwen3-8B shape at batch 64,
-        lab notebook 5.20)."""
+        can have (the server's W, or the scheduler's bound on the slots after any window's leading
+        run in the step, ``mask_rows``: ``window_sizer.MASK_ROWS_ATTR``), or, in a step with a
+        lossless window ([B] bool), the most rows a window can have (2W), which its verification
+        reads; and no more than the most rows a window of the step forwards (``window_rows`` [Bw]).
+        A window that is not void holds its run and the slots after it within its rows, so those
+        bound its mask rows too. An adaptive window's W is mostly far below the server's, and each
+        logits row costs the LM head's FLOPs and its share of the sampling (R 16 for windows of W 1
+        cost 2 ms a step on the Qwen3-8B shape at batch 64, lab notebook 5.20); windows of W 1 need
+        one row each, where their rows (run and mask) are two."""
         window_size = self.settings.window_size
-        most = max_window_tokens(window_size) if lossless_windows.any() else window_size
+        if lossless_windows.any():
+            most = max_window_tokens(window_size)
+        else:
+            most = window_size if mask_rows is None else min(window_size, max(mask_rows, 1))
         return int(min(most, window_rows.max(initial=1)))
 
     def ar_input_ids(self, req_ids: list[str], slots: np.ndarray, autoregressive: np.ndarray, draws: np.ndarray,

@@ -34,7 +34,7 @@ from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
+from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, WINDOW_SIZES_ATTR, WindowSizer
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -442,6 +442,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
         # whose window (drafts) it forwards.
         self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
+        # The most slots after the leading run of a plain window running now (``MASK_ROWS_ATTR``).
+        self._mask_rows = 0
 
     def _update_request_with_output(self, request, new_token_ids):
         # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
@@ -469,20 +471,32 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._runs.pop(req_id, None)
 
     def schedule(self, *args, **kwargs):
-        windows = [request for request in self.running if request.request_id in self._windowed]
+        # Each running window's W and span (``_span``), asked once a step: the gate, its rows and the
+        # step's logits rows follow from them.
+        shapes = {}
+        for request in self.running:
+            if request.request_id in self._windowed:
+                w = self.window_of(request)
+                shapes[request.request_id] = (w, self._span(request, w))
         exact = padding = 0
-        for request in windows:
-            w, span = self.window_of(request), self._span(request)
-            lossless = request.request_id in self._lossless
-            exact += max_window_tokens(w) if lossless else w + self._runs.get(request.request_id, 0)
-            padding += max_window_tokens(w) if lossless else span + w
+        self._mask_rows = 0
+        for req_id, (w, span) in shapes.items():
+            if req_id in self._lossless:
+                exact += max_window_tokens(w)
+                padding += max_window_tokens(w)
+            else:
+                exact += w + self._runs.get(req_id, 0)
+                padding += span + w
+                self._mask_rows = max(self._mask_rows, w, span)
         padded = self._gate.pipelines(padding, exact)
         held, kept = [], []
         for request in self.running:
             if request.request_id in self._autoregressive:
                 rows = self._ar_rows(request)
+            elif request.request_id in shapes:
+                rows = self._rows(request, padded, *shapes[request.request_id])
             else:
-                rows = self._rows(request, padded) if request.request_id in self._windowed else 0
+                rows = 0
             if rows is None:
                 held.append(request)
                 continue
@@ -502,7 +516,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 self.running = held + self.running
                 self.max_num_running_reqs += len(held)
 
-    def _rows(self, request, padded: bool) -> int | None:
+    def _rows(self, request, padded: bool, window_size: int, span: int) -> int | None:
         """The rows of a windowed request's next window step, or None to hold it out of this schedule.
 
         W is the window's own (the server's, or the W an adaptive window was planned with), and S
@@ -515,9 +529,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         for the step and writes only its run's KV, ``window_step.fixed_rows_window_step``). A lossless
         window always gets 2W rows: its leading run is unverified fills the host never sees, and its
         verification cuts it to W slots after the run it commits. Held where the rows could pass
-        ``max_model_len`` (C bounds the window's start from above while a step is in flight)."""
-        window_size, computed = self.window_of(request), request.num_computed_tokens
-        span = self._span(request)
+        ``max_model_len`` (C bounds the window's start from above while a step is in flight).
+        ``window_size`` and ``span``: the window's W and S (``window_of``, ``_span``)."""
+        computed = request.num_computed_tokens
         lossless = request.request_id in self._lossless  # its leading run is known on the device only
         if not request.num_output_placeholders:  # vLLM cuts the rows at max_model_len
             run = request.num_tokens - computed
@@ -528,10 +542,11 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             rows = span + window_size if padded else max(window_size + self._runs.get(request.request_id, span), span)
         return None if computed + rows > self.max_model_len else rows
 
-    def _span(self, request) -> int:
-        """At most how many slots follow the leading run of ``request``'s window: its W, unless a
-        wider W before left fills further right (an adaptive window), which stay until committed."""
-        return self._spans.get(request.request_id, self.window_of(request))
+    def _span(self, request, window_size: int) -> int:
+        """At most how many slots follow the leading run of ``request``'s window: its W
+        (``window_size``), unless a wider W before left fills further right (an adaptive window),
+        which stay until committed."""
+        return self._spans.get(request.request_id, window_size)
 
     def _ar_rows(self, request) -> int | None:
         """0 (vLLM schedules an AR request's tokens itself), or None to hold it out of this schedule:
@@ -547,6 +562,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
     def _update_after_schedule(self, scheduler_output) -> None:
         super()._update_after_schedule(scheduler_output)
+        # The most slots after a plain window's leading run in this step: those of the windows
+        # running (``schedule``) and of the first windows riding with a prompt (W masks each).
+        setattr(scheduler_output, MASK_ROWS_ATTR, max([self._mask_rows, 1, *self._first_windows.values()]))
         windows = set(scheduler_output.scheduled_spec_decode_tokens)
         self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
         for req_id in scheduler_output.num_scheduled_tokens:

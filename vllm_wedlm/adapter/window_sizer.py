@@ -43,6 +43,10 @@ from vllm_wedlm.core.window_policy import (
 WINDOW_SIZES_ATTR = "wedlm_window_sizes"
 #: The W of each window the step forwards, for the scheduler's count of its commits.
 FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
+#: With fixed window rows: at most how many slots follow a plain window's leading run in the step (its
+#: W, or the fills a wider window left), which bounds the mask rows it needs logits for. An adaptive
+#: window's W is mostly far below the server's, and a window of W 1 then needs one logits row, not two.
+MASK_ROWS_ATTR = "wedlm_mask_rows"
 #: Weight of each request's reach, after each of its forwards, in the server's (a new request's start);
 #: a step moves the server's reach toward its requests' mean once, by the weight of that many forwards.
 PRIOR_WEIGHT = REACH_WEIGHT / 8
