@@ -17,11 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 W, BATCH, MAX_TOKENS = 4, 2, 16
 
 
-@pytest.mark.parametrize("decoding", ["ar", "wedlm"])
-def test_profile_of_a_shape_counts_its_steps(decoding):
+@pytest.mark.parametrize(("decoding", "layout"), [("ar", []), ("wedlm", []), ("wedlm", ["--fixed-rows"])],
+                         ids=["ar", "wedlm", "wedlm-fixed-rows"])
+def test_profile_of_a_shape_counts_its_steps(decoding, layout):
     fill_all = ["--tau", "1e9", "--window-size", str(W)] if decoding == "wedlm" else []
     done = subprocess.run([sys.executable, "-m", "benchmarks.profile_steps", "--shape", "tiny", "--decoding", decoding,
-                           *fill_all, "--batch-size", str(BATCH), "--max-tokens", str(MAX_TOKENS),
+                           *fill_all, *layout, "--batch-size", str(BATCH), "--max-tokens", str(MAX_TOKENS),
                            "--max-model-len", "256", "--top", "3"], cwd=ROOT, capture_output=True, text=True,
                           timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -31,6 +32,23 @@ def test_profile_of_a_shape_counts_its_steps(decoding):
     assert tokens == BATCH * MAX_TOKENS
     assert steps == (MAX_TOKENS if decoding == "ar" else MAX_TOKENS // W)
     assert "function calls" in done.stdout  # the host's profile follows
+
+
+def test_cost_shape_gives_the_scheduler_that_shapes_curve(monkeypatch):
+    """``--cost-shape qwen3-8b``: the adaptive window of a tiny model's engine chooses on the 8B
+    shape's step-cost curve (its FLOPs per row), not the tiny model's."""
+    from types import SimpleNamespace
+
+    from benchmarks.profile_steps import _choose_on_cost_curve
+    from vllm_wedlm.adapter import async_gate, scheduler
+
+    monkeypatch.setattr(scheduler, "step_cost", scheduler.step_cost)  # put back after the test
+    tiny = SimpleNamespace(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2)
+    _choose_on_cost_curve("qwen3-8b")
+    eight_b = SimpleNamespace(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                              num_key_value_heads=8)
+    assert scheduler.step_cost(tiny) == async_gate.step_cost(eight_b) != async_gate.step_cost(tiny)
 
 
 def test_kernels_are_sorted_by_kind_per_step():

@@ -69,6 +69,9 @@ class WeDLMScheduler(Scheduler):
         self.commit_stats = CommitStats()
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
+        # Requests decoded AR on this engine (``config.decodes_ar``, fixed when a request arrives):
+        # asked of every running request each step, so kept rather than read from its parameters.
+        self._autoregressive: set[str] = set()
         self._forwarded: dict[str, int] = {}
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
@@ -94,8 +97,13 @@ class WeDLMScheduler(Scheduler):
         self._step_began = 0.0
         self._timed_step: tuple[int, int | None] | None = None
 
+    def add_request(self, request) -> None:
+        if decodes_ar(request.sampling_params):
+            self._autoregressive.add(request.request_id)
+        super().add_request(request)
+
     def _decodes_ar(self, request) -> bool:
-        return decodes_ar(request.sampling_params)
+        return request.request_id in self._autoregressive
 
     def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
         # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
@@ -159,37 +167,40 @@ class WeDLMScheduler(Scheduler):
         # of the W chosen for them now.
         windowless = None  # where W can be 0: the requests of the step the runner holds no window for
         if self._sizer is not None:
-            if self._sizer.ar_steps:
-                windowless = {req_id for req_id in scheduler_output.num_scheduled_tokens
-                              if not self._sizer.holds_window(req_id)}
-            stepping_ar = self._stepping_ar(scheduler_output) if self._ar_step else []
-            self._sizer.assign(scheduler_output, self._planning(scheduler_output, set(stepping_ar)), stepping_ar)
+            windowless, stepping_ar, planning = self._windows_of_step(scheduler_output)
+            self._sizer.assign(scheduler_output, planning, stepping_ar)
         self._first_windows = self._ride_first_windows(scheduler_output, windowless)
         self._timed_step = None if windowless is None else self._timing(scheduler_output)
         super()._update_after_schedule(scheduler_output)
 
-    def _stepping_ar(self, scheduler_output) -> list[str]:
-        """The requests of an AR step that take W 0: the WeDLM requests without a grammar that forward
-        up to their last token (each draws one); a prompt's chunk draws nothing, and a grammar
-        request admitted now plans its window as always."""
-        return [req_id for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
-                if (request := self.requests[req_id]).num_computed_tokens + num_tokens >= request.num_tokens
-                and not self._decodes_ar(request) and not request.use_structured_output]
+    def _windows_of_step(self, scheduler_output) -> tuple[set[str] | None, list[str], list[str]]:
+        """The adaptive window's view of a step just scheduled, in one pass over its requests (the
+        scheduler makes it every step, for every request):
 
-    def _planning(self, scheduler_output, stepping_ar: set[str]) -> list[str]:
-        """The WeDLM requests of a step that plan a window at its end: those whose window it forwards
-        and those who hold no window and forward up to their last token (a prompt, or the token an AR
-        step drew), but not a request that had a window before a preemption (the runner keeps it as
-        it was, of the W it was planned with), nor those stepping AR."""
+        * ``windowless``, where W can be 0 (else None): the requests the runner holds no window for;
+        * ``stepping_ar``, in an AR step: the requests that take W 0, the WeDLM requests without a
+          grammar that forward up to their last token (each draws one); a prompt's chunk draws
+          nothing, and a grammar request admitted now plans its window as always;
+        * ``planning``: the WeDLM requests that plan a window at the step's end, those whose window
+          it forwards and those who hold no window and forward up to their last token (a prompt,
+          or the token an AR step drew), but not a request that had a window before a preemption
+          (the runner keeps it as it was, of the W it was planned with), nor those stepping AR."""
         drafted = scheduler_output.scheduled_spec_decode_tokens
-        planning = []
+        windowless = set() if self._sizer.ar_steps else None
+        stepping_ar, planning = [], []
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
+            holds_window = self._sizer.holds_window(req_id)
+            if windowless is not None and not holds_window:
+                windowless.add(req_id)
             completes = request.num_computed_tokens + num_tokens >= request.num_tokens
-            if req_id in drafted or (completes and not self._sizer.holds_window(req_id)
-                                     and req_id not in stepping_ar and not self._decodes_ar(request)):
+            wedlm = completes and req_id not in self._autoregressive  # (the rest need only these)
+            steps_ar = wedlm and self._ar_step and not request.use_structured_output
+            if steps_ar:
+                stepping_ar.append(req_id)
+            if req_id in drafted or (wedlm and not holds_window and not steps_ar):
                 planning.append(req_id)
-        return planning
+        return windowless, stepping_ar, planning
 
     def _timing(self, scheduler_output) -> tuple[int, int | None] | None:
         """What the step is timed as (``StepTimes.record``): (its requests, None) for an AR step,
@@ -246,6 +257,7 @@ class WeDLMScheduler(Scheduler):
     def _free_request(self, request, *args, **kwargs):
         if self._sizer is not None:
             self._sizer.forget(request.request_id)  # finished or aborted
+        self._autoregressive.discard(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     def _plain_wedlm(self, request) -> bool:
@@ -428,8 +440,6 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                     "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
-        # Requests decoded AR on this engine: one token per step, no window.
-        self._autoregressive: set[str] = set()
         # Lossless WeDLM requests: every window step forwards Q rows (its leading run, unverified
         # and known on the device only, then W slots) and returns its verified run, KV written.
         self._lossless: set[str] = set()
@@ -452,16 +462,13 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         return self._count_returned(request, AsyncScheduler._update_request_with_output(self, request, new_token_ids))
 
     def add_request(self, request) -> None:
+        super().add_request(request)  # (it counts the requests decoded AR, ``_autoregressive``)
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        if self._decodes_ar(request):
-            self._autoregressive.add(request.request_id)
-        elif self.wedlm.request_params(extra_args).lossless:
+        if not self._decodes_ar(request) and self.wedlm.request_params(extra_args).lossless:
             self._lossless.add(request.request_id)
-        super().add_request(request)
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
-        self._autoregressive.discard(request.request_id)
         self._lossless.discard(request.request_id)
         self._spans.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)

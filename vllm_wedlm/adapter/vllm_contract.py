@@ -55,6 +55,7 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
                             "perf_stats"),  # an AR step's forwards in the diffusion counters
     "shutdown": _override("Scheduler", "self"),
     "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
+    "add_request": _override("Scheduler", "self", "request"),  # the requests decoded AR, kept
     "get_grammar_bitmask": _override("Scheduler", "self", "scheduler_output"),
     "schedule": _override("Scheduler", "self", "throttle_prefills"),  # the adaptive window's AR steps
 }
@@ -65,7 +66,6 @@ _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     "_update_after_schedule": _override("AsyncScheduler", "self", "scheduler_output"),
     # Aliased by WeDLMFixedRowsScheduler: the async placeholder accounting must stay in this method.
     "_update_request_with_output": _override("AsyncScheduler", "self", "request", "new_token_ids"),
-    "add_request": _override("Scheduler", "self", "request"),
     "_preempt_request": _override("Scheduler", "self", "request", "timestamp"),
 }
 
