@@ -268,9 +268,12 @@ class WeDLMScheduler(Scheduler):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
         self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
         self._window_stats = {}
-        for req_id, window_size in (getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}).items():
-            if window_size == 0:  # an AR step's forward: one request-forward, its token counted once appended
-                self._window_stats[req_id] = self._ar_step_forward(scheduler_output.num_scheduled_tokens.get(req_id, 0))
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
+        stepping_ar = [req_id for req_id, window_size in chosen.items() if window_size == 0]
+        if stepping_ar:  # an AR step's forwards: a request-forward each, its token counted once appended
+            scheduled = scheduler_output.num_scheduled_tokens
+            stats = self._ar_step_forwards(len(stepping_ar), sum(scheduled.get(req_id, 0) for req_id in stepping_ar))
+            self._window_stats.update(dict.fromkeys(stepping_ar, stats))
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -341,31 +344,33 @@ class WeDLMScheduler(Scheduler):
                 stats.num_accepted_tokens += len(appended[0])
         return appended
 
-    def _ar_step_forward(self, rows: int) -> SpecDecodingStats | None:
-        """Count one request's forward of an AR step (W 0, ``rows`` rows: its leading run) as a
-        window's forward is counted (``_count_forward``). vLLM makes a step's statistics only from
-        requests with drafts, and an AR step has none: these wait for ``make_stats``."""
-        self._ar_step_stats = self._count_forward(self._ar_step_stats, rows)
+    def _ar_step_forwards(self, forwards: int, rows: int) -> SpecDecodingStats | None:
+        """Count the ``forwards`` requests' forwards of an AR step (W 0, ``rows`` rows in all: their
+        leading runs) as windows' forwards are counted (``_count_forward``). vLLM makes a step's
+        statistics only from requests with drafts, and an AR step has none: these wait for
+        ``make_stats``."""
+        self._ar_step_stats = self._count_forward(self._ar_step_stats, rows, forwards)
         return self._ar_step_stats
 
-    def _count_forward(self, stats: SpecDecodingStats | None, rows: int) -> SpecDecodingStats | None:
-        """Count one request-forward of ``rows`` rows in the log line and, where statistics are on, in
-        ``stats`` (made if None; returned, else None): vLLM's diffusion counters read them as a
-        denoising step and its canvas positions (adapter/metrics.py); its committed tokens are added once appended
-        (``_count_returned``). Filled directly: SpecDecodingStats.observe_draft assumes at most
-        num_speculative_tokens accepted, and its per-position vector means nothing here."""
-        self.commit_stats.request_forwards += 1
+    def _count_forward(self, stats: SpecDecodingStats | None, rows: int, forwards: int = 1) -> SpecDecodingStats | None:
+        """Count ``forwards`` request-forwards of ``rows`` rows in all in the log line and, where
+        statistics are on, in ``stats`` (made if None; returned, else None): vLLM's diffusion counters
+        read each as a denoising step and its rows as canvas positions (adapter/metrics.py); their
+        committed tokens are added once appended (``_count_returned``). Filled directly:
+        SpecDecodingStats.observe_draft assumes at most num_speculative_tokens accepted, and its
+        per-position vector means nothing here."""
+        self.commit_stats.request_forwards += forwards
         self.commit_stats.window_tokens += rows
         if not self.log_stats:
             return None
         if stats is None:
             stats = SpecDecodingStats.new(0)
-        stats.num_drafts += 1
+        stats.num_drafts += forwards
         stats.num_draft_tokens += rows
         return stats
 
     def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None, cudagraph_stats=None, perf_stats=None):
-        # The step's AR forwards (``_ar_step_forward``) join its window forwards' counts.
+        # The step's AR forwards (``_ar_step_forwards``) join its window forwards' counts.
         ar_step, self._ar_step_stats = self._ar_step_stats, None
         if ar_step is not None and spec_decoding_stats is None:
             spec_decoding_stats = ar_step
