@@ -193,12 +193,13 @@ class WeDLMScheduler(Scheduler):
             holds_window = self._sizer.holds_window(req_id)
             if windowless is not None and not holds_window:
                 windowless.add(req_id)
-            completes = request.num_computed_tokens + num_tokens >= request.num_tokens
-            wedlm = completes and req_id not in self._autoregressive  # (the rest need only these)
-            steps_ar = wedlm and self._ar_step and not request.use_structured_output
+            # A WeDLM request that forwards up to its last token: it draws, or plans a window.
+            completes_wedlm = (request.num_computed_tokens + num_tokens >= request.num_tokens
+                               and req_id not in self._autoregressive)
+            steps_ar = completes_wedlm and self._ar_step and not request.use_structured_output
             if steps_ar:
                 stepping_ar.append(req_id)
-            if req_id in drafted or (wedlm and not holds_window and not steps_ar):
+            if req_id in drafted or (completes_wedlm and not holds_window and not steps_ar):
                 planning.append(req_id)
         return windowless, stepping_ar, planning
 
@@ -493,7 +494,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         exact = padding = 0
         self._mask_rows = 0
         for req_id, (w, span) in shapes.items():
-            if req_id in self._lossless:
+            if req_id in self._lossless:  # 2W rows either way
                 exact += max_window_tokens(w)
                 padding += max_window_tokens(w)
             else:
