@@ -13,6 +13,7 @@ import threading
 import pytest
 import requests
 
+from batch_spread import assert_match, largest_spread
 from conftest import build_checkpoint
 from metric_families import served_families, stock_vllm_families
 from servers import model_name, post, running_server, sse_events
@@ -54,6 +55,30 @@ def setup(tmp_path_factory):
     log = root / "vllm-serve.log"
     with running_server(path, *ARGS, log_path=log, env={"VLLM_LOG_STATS_INTERVAL": "1"}) as url:
         yield url, reference, eos, log
+
+
+#: Prompts that share PROMPT's steps when ``ar_spread`` sends them in one completion request.
+OTHERS = ("The quiet river reads the number", "Gus", "Ada has 12 apples and")
+
+
+@pytest.fixture(scope="module")
+def ar_spread(setup):
+    """How far a per-request AR request's log-probs move on this server with what shares its steps
+    (tests/batch_spread.py): PROMPT alone, then after one, two and three other prompts in one
+    completion request (vLLM schedules them together), for each kind of log-probs the tests ask."""
+    url, *_ = setup
+    asks = ({"max_tokens": 24, "ignore_eos": True, "logprobs": 2}, {"max_tokens": 8, "prompt_logprobs": 3},
+            {"max_tokens": 1, "echo": True, "logprobs": 1})
+    spreads = []
+    for ask in asks:
+        layouts = []
+        for others in range(len(OTHERS) + 1):
+            body = {"prompt": [*OTHERS[:others], PROMPT], "temperature": 0, "return_token_ids": True, **ask,
+                    "vllm_xargs": {"wedlm_decoding": "ar"}}
+            choice = next(c for c in post(url, "/v1/completions", body).json()["choices"] if c["index"] == others)
+            layouts.append([choice["logprobs"], choice.get("prompt_logprobs"), choice["token_ids"]])
+        spreads.append(largest_spread(layouts))
+    return max(spreads)
 
 
 def completion(url, **body):
@@ -155,15 +180,17 @@ def test_penalties_and_bad_words_over_http(setup):
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == lossless["text"]
 
 
-def test_logprobs_and_echo_over_http(setup):
-    """``logprobs`` of generated tokens: a lossless request's equal a per-request AR one's (AR's own rows),
-    streamed or not; with ``echo`` and one token, as lm-eval scores a continuation, the prompt's come
-    too. (A plain request asking for them gets a 400: test_bad_requests_get_a_400...)"""
+def test_logprobs_and_echo_over_http(setup, ar_spread):
+    """``logprobs`` of generated tokens: a lossless request's equal a per-request AR one's (AR's own rows;
+    to AR's own spread between batch layouts, ``ar_spread``), streamed or not; with ``echo`` and one
+    token, as lm-eval scores a continuation, the prompt's come too. (A plain request asking for them
+    gets a 400: test_bad_requests_get_a_400...)"""
     url, *_ = setup
     answers = [completion(url, max_tokens=24, ignore_eos=True, logprobs=2, vllm_xargs=xargs)
                for xargs in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
     lossless, ar = (answer["logprobs"] for answer in answers)
-    assert lossless == ar and len(lossless["token_logprobs"]) == 24
+    assert_match(lossless, ar, ar_spread, "lossless")
+    assert len(lossless["token_logprobs"]) == 24
     assert all(top for top in lossless["top_logprobs"])  # keyed by text: tokens of one text share a key
     body = {"prompt": PROMPT, "temperature": 0, "max_tokens": 24, "ignore_eos": True, "logprobs": 2, "stream": True,
             "vllm_xargs": {"wedlm_lossless": True}}
@@ -171,7 +198,7 @@ def test_logprobs_and_echo_over_http(setup):
     assert [x for e in events for x in e["logprobs"]["token_logprobs"]] == lossless["token_logprobs"]
     scored = [completion(url, max_tokens=1, echo=True, logprobs=1, vllm_xargs=xargs)
               for xargs in ({"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
-    assert scored[0]["logprobs"] == scored[1]["logprobs"]
+    assert_match(scored[0]["logprobs"], scored[1]["logprobs"], ar_spread, "echo")
     values = scored[0]["logprobs"]["token_logprobs"]
     assert len(values) == len(scored[0]["prompt_token_ids"]) + 1 and values[0] is None
     assert all(isinstance(value, float) and value <= 0 for value in values[1:])
@@ -210,16 +237,18 @@ def test_structured_outputs_and_tool_calls_over_http(setup):
         assert call["name"] == "paint" and json.loads(call["arguments"])["colour"] in ("red", "green", "blue")
 
 
-def test_prompt_logprobs_over_http(setup):
+def test_prompt_logprobs_over_http(setup, ar_spread):
     """vLLM's ``prompt_logprobs``: the prefill's, the same for a plain WeDLM request (whose first
-    window rides with the prompt), a lossless one and a per-request AR one."""
+    window rides with the prompt), a lossless one and a per-request AR one (to AR's own spread
+    between batch layouts, ``ar_spread``)."""
     url, *_ = setup
     answers = [completion(url, max_tokens=8, prompt_logprobs=3, vllm_xargs=xargs)
                for xargs in ({}, {"wedlm_lossless": True}, {"wedlm_decoding": "ar"})]
     first = answers[0]["prompt_logprobs"]
     assert first[0] is None and len(first) == len(answers[0]["prompt_token_ids"])
     assert all(len(position) >= 3 for position in first[1:])
-    assert all(answer["prompt_logprobs"] == first for answer in answers[1:])
+    for answer in answers[1:]:
+        assert_match(answer["prompt_logprobs"], first, ar_spread)
 
 
 def test_stop_token_ids_and_max_tokens_are_exact(setup):
