@@ -167,12 +167,15 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
         (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
         outputs, by_request, _ = generate_traced(llm, PREEMPT_PROMPTS, params)
         (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        layouts = llm.collective_rpc("wedlm_row_layouts")[0] if fixed_rows else {}
     assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
     rule = StopRule(max_tokens=PREEMPT_TOKENS, max_model_len=MAX_MODEL_LEN)
     assert_replayed(reference, outputs, by_request, [rule] * len(outputs), lossless)
     assert len({w for sizes in by_request.values() for w in sizes}) >= 3, by_request
     # W 0 happened where it may, and only there.
     assert any(0 in sizes for sizes in by_request.values()) == ar_steps, by_request
+    if fixed_rows:  # every step padded, at whatever W (below the server's 2W rows), and no window void
+        assert layouts.get("padded") and not layouts.get("exact") and not layouts["void_windows"], layouts
 
 
 @pytest.mark.parametrize("logit_scale", [1.0, 100.0], ids=["uncertain", "confident"])

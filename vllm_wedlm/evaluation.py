@@ -124,7 +124,8 @@ def counts_since(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 def row_layouts(llm) -> dict[str, int]:
     """Steps of fixed window rows (async scheduling) a WeDLM ``vllm.LLM`` has run so far with every
-    window padded to 2W rows ("padded", pipelined) and with exact rows ("exact")."""
+    window padded to its longest possible run ("padded", pipelined: 2W rows at a fixed W, S + W for an
+    adaptive window) and with exact rows ("exact")."""
     return _summed_counts(llm, "wedlm_row_layouts")
 
 

@@ -27,7 +27,7 @@ from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
-from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR
+from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
@@ -59,9 +59,10 @@ class FixedRows(RowLayout):
         self.rows_per_window = 0
         # Each AR-decoded request's last draw, per slot (the next step's input).
         self.ar_draws = torch.zeros(runner.max_num_reqs, dtype=torch.long, device=self.device)
-        # Steps whose windows all forwarded 2W rows ("padded") and the others ("exact": the
-        # scheduler's gate chose each window's own rows, or a predicted run's), and the windows that
-        # were void for a step (their run outgrew the prediction), counted on the device.
+        # Steps whose windows the scheduler's gate padded to their longest possible run ("padded":
+        # 2W rows at a fixed W) and the others ("exact": each window's own run's rows, or a predicted
+        # run's), and the windows that were void for a step (their run outgrew the prediction),
+        # counted on the device.
         self.layouts: Counter[str] = Counter()
         self.void_windows = torch.zeros((), dtype=torch.long, device=self.device)
         # W of each window's next plan in the step (device [Bw]).
@@ -122,9 +123,11 @@ class FixedRows(RowLayout):
             # rather than a device-side index assert later.
             raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
                                f"2W = {q} (fixed window rows)")
-        padded = True  # every window 2W rows, none void
+        padded = True  # every window the rows of its longest possible run, none void
         if has_window[b].any():  # a first window forwards its W masks after the prompt either way
-            padded = (rows[has_window[b]] == q).all()
+            # The gate's choice; 2W rows each where no scheduler says (an adaptive window pads to
+            # its own W and span, below the server's 2W).
+            padded = bool(getattr(scheduler_output, PADDED_ATTR, (rows[has_window[b]] == q).all()))
             self.layouts["padded" if padded else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of

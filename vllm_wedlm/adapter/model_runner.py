@@ -314,8 +314,9 @@ class WeDLMWorkerMixin:
         return {"compiled": runs["compiled"], "eager": runs["steps"] - runs["compiled"]}
 
     def wedlm_row_layouts(self) -> dict[str, int]:
-        """Fixed window rows: steps so far whose windows all forwarded 2W rows ("padded") and the
-        others ("exact"), and windows void for a step ("void_windows"):
+        """Fixed window rows: steps so far whose windows the scheduler's gate padded to their longest
+        possible run ("padded": 2W rows at a fixed W, pipelined) and the others ("exact"), and
+        windows void for a step ("void_windows"):
         ``llm.collective_rpc("wedlm_row_layouts")``."""
         return self.model_runner.wedlm_rows.counts()
 

@@ -34,7 +34,7 @@ from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, WINDOW_SIZES_ATTR, WindowSizer
+from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR, WINDOW_SIZES_ATTR, WindowSizer
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -460,6 +460,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
         # The most slots after the leading run of a plain window running now (``MASK_ROWS_ATTR``).
         self._mask_rows = 0
+        # Whether the gate padded this step's windows (``PADDED_ATTR``).
+        self._padded = True
 
     def _update_request_with_output(self, request, new_token_ids):
         # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
@@ -501,7 +503,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 exact += w + self._runs.get(req_id, 0)
                 padding += span + w
                 self._mask_rows = max(self._mask_rows, w, span)
-        padded = self._gate.pipelines(padding, exact)
+        padded = self._padded = self._gate.pipelines(padding, exact)
         held, kept = [], []
         for request in self.running:
             if request.request_id in self._autoregressive:
@@ -578,6 +580,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # The most slots after a plain window's leading run in this step: those of the windows
         # running (``schedule``) and of the first windows riding with a prompt (W masks each).
         setattr(scheduler_output, MASK_ROWS_ATTR, max([self._mask_rows, 1, *self._first_windows.values()]))
+        setattr(scheduler_output, PADDED_ATTR, self._padded)
         windows = set(scheduler_output.scheduled_spec_decode_tokens)
         self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
         for req_id in scheduler_output.num_scheduled_tokens:

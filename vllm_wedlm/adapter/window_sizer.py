@@ -47,6 +47,9 @@ FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
 #: W, or the fills a wider window left), which bounds the mask rows it needs logits for. An adaptive
 #: window's W is mostly far below the server's, and a window of W 1 then needs one logits row, not two.
 MASK_ROWS_ATTR = "wedlm_mask_rows"
+#: With fixed window rows: whether the scheduler's gate padded the step's plain windows to the rows of
+#: their longest possible run (pipelined; none can be void) or gave them a known or predicted run's.
+PADDED_ATTR = "wedlm_padded"
 #: Weight of each request's reach, after each of its forwards, in the server's (a new request's start);
 #: a step moves the server's reach toward its requests' mean once, by the weight of that many forwards.
 PRIOR_WEIGHT = REACH_WEIGHT / 8
