@@ -68,8 +68,9 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
     # may add one per request, scheduled before the step that ends the request is back, and one
     # per window void for a step (its run outgrew the rows the scheduler predicted, while the
     # step before was in flight; a synchronous engine knows every run).
-    voids = layouts.pop("void_windows")
+    voids, waits = layouts.pop("void_windows"), layouts.pop("waits")
     assert voids == 0 or on_gpu(), voids
+    assert waits == 0 or on_gpu(), waits  # a synchronous engine never schedules a step that only waits
     assert 0 <= forwards - expected_forwards - voids <= (len(combos) if on_gpu() else 0)
     # The steps took the layouts the gate should have chosen.
     if padding == 1 << 20 or (on_gpu() and window == 4):  # 24 windows' 2W rows are below a GPU's knee

@@ -125,7 +125,8 @@ def counts_since(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 def row_layouts(llm) -> dict[str, int]:
     """Steps of fixed window rows (async scheduling) a WeDLM ``vllm.LLM`` has run so far with every
     window padded to its longest possible run ("padded", pipelined: 2W rows at a fixed W, S + W for an
-    adaptive window) and with exact rows ("exact")."""
+    adaptive window) and with exact rows ("exact"); also the windows void for a step ("void_windows")
+    and the steps that only waited for the one in flight ("waits")."""
     return _summed_counts(llm, "wedlm_row_layouts")
 
 

@@ -65,6 +65,9 @@ class FixedRows(RowLayout):
         # counted on the device.
         self.layouts: Counter[str] = Counter()
         self.void_windows = torch.zeros((), dtype=torch.long, device=self.device)
+        # Steps that scheduled nothing and only waited for the one in flight (``waits_only``): each
+        # holds a place in vLLM's batch queue of two, so the next forward cannot start under it.
+        self.waits = 0
         # W of each window's next plan in the step (device [Bw]).
         self.window_sizes: torch.Tensor | None = None
 
@@ -72,10 +75,13 @@ class FixedRows(RowLayout):
         # Async scheduling's step that waits for the one in flight (the scheduler's gate holds its
         # windows back): vLLM would take every request out of the persistent batch, as unscheduled,
         # only to add them all again next step (host work that grows with the batch).
-        return only_waits(scheduler_output)
+        waits = only_waits(scheduler_output)
+        self.waits += waits
+        return waits
 
     def counts(self) -> dict[str, int]:
-        return {**self.layouts, "void_windows": int(self.void_windows)}  # one device sync, here
+        # (int(void_windows): one device sync, here)
+        return {**self.layouts, "void_windows": int(self.void_windows), "waits": self.waits}
 
     def prepare(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> tuple:
         """Each window's rows, up to Q = 2W, laid out from the device table (the host may not know the

@@ -315,8 +315,9 @@ class WeDLMWorkerMixin:
 
     def wedlm_row_layouts(self) -> dict[str, int]:
         """Fixed window rows: steps so far whose windows the scheduler's gate padded to their longest
-        possible run ("padded": 2W rows at a fixed W, pipelined) and the others ("exact"), and
-        windows void for a step ("void_windows"):
+        possible run ("padded": 2W rows at a fixed W, pipelined) and the others ("exact"), windows
+        void for a step ("void_windows"), and steps that scheduled nothing, only waiting for the one
+        in flight ("waits"):
         ``llm.collective_rpc("wedlm_row_layouts")``."""
         return self.model_runner.wedlm_rows.counts()
 
