@@ -129,12 +129,12 @@ class FixedRows(RowLayout):
             # rather than a device-side index assert later.
             raise RuntimeError(f"WeDLM request {req_ids[b[i]]}: {rows[i]} window rows scheduled, more than "
                                f"2W = {q} (fixed window rows)")
-        padded = True  # every window the rows of its longest possible run, none void
+        full = True  # every window 2W rows: none can be void
         if has_window[b].any():  # a first window forwards its W masks after the prompt either way
-            # The gate's choice; 2W rows each where no scheduler says (an adaptive window pads to
-            # its own W and span, below the server's 2W).
-            padded = bool(getattr(scheduler_output, PADDED_ATTR, (rows[has_window[b]] == q).all()))
-            self.layouts["padded" if padded else "exact"] += 1
+            full = bool((rows[has_window[b]] == q).all())
+            # The layout is the gate's choice: an adaptive window it pads forwards its own S + W rows,
+            # fewer than 2W.
+            self.layouts["padded" if getattr(scheduler_output, PADDED_ATTR, full) else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
         # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless and
@@ -165,7 +165,7 @@ class FixedRows(RowLayout):
         from_row = run if w_lossless is None else torch.where(w_lossless, 0, run)  # [Bw]
         k = torch.arange(rows_per_window, device=self.device)[None]  # [1, R]
         logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
-        self.forwarded = (w_slots, run, start, w_rows, padded, w_lossless)
+        self.forwarded = (w_slots, run, start, w_rows, full, w_lossless)
         self.logits_rows, self.window_logits = torch.cat([logits_rows.flatten(), ar_rows]), logits_rows.numel()
         return self.logits_rows, None
 
@@ -268,7 +268,7 @@ class FixedRows(RowLayout):
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
         logits = self.end_thinking(logits, lambda: num_window_logits + np.flatnonzero(step.ar_next[draw_rows]))
         if step.window.any():
-            w_slots, run, start, rows, padded, w_lossless = self.forwarded
+            w_slots, run, start, rows, full, w_lossless = self.forwarded
             runner.wedlm_request_forwards += len(window_rows)
             window_logits = logits[:num_window_logits]
             sampling = self.sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(num_reqs, np.int64))
@@ -292,7 +292,7 @@ class FixedRows(RowLayout):
             else:
                 *windows, order, committed_len, sampled, void = self.window_step(*arguments)
             table.keep(w_slots, WindowBatch(*windows), order, committed_len)
-            if not padded:  # some windows got a predicted run's rows: count the void ones (no host sync)
+            if not full:  # some windows got fewer than 2W rows: count the void ones (no host sync)
                 self.void_windows = self.void_windows + void.sum()
         drawn = None  # [Bd]: the draws' tokens, in batch order
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
