@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="WeDLM engines' scheduling, comma-separated, one engine each: default (the engine's "
                         "own: async on a GPU), sync (--no-async-scheduling, exact window rows) and/or async "
                         "(--async-scheduling, fixed window rows); each row records what ran")
+    p_step.add_argument("--request-ar", action="store_true", help="also a WeDLM engine whose requests all decode AR "
+                        "(wedlm_decoding ar, rows 'wedlm-ar'), per --scheduling")
     p_step.add_argument("--json", required=True)
     p_rep = sub.add_parser("report", help="markdown tables (and plots, with --out) from result files",
                            description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = step_cost.run(model, windows=windows, batch_sizes=_ints(args.batch_sizes),
                              taus=[t for t in args.taus.split(",") if t], prompt_tokens=args.prompt_tokens,
                              lengths=tuple(_ints(args.lengths)), engine_overrides=overrides, progress=progress,
-                             repeats=args.repeats, schedulings=tuple(args.scheduling.split(",")))
+                             repeats=args.repeats, schedulings=tuple(args.scheduling.split(",")),
+                             request_ar=args.request_ar)
         record.update(model=f"{args.shape} (random weights)")
     else:
         model = args.model or default_model()

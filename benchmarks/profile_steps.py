@@ -70,6 +70,11 @@ def main() -> None:
     parser.add_argument("--kernel-time", action="store_true", help="wall vs GPU kernel time per step (GPU)")
     parser.add_argument("--json", help="with --kernel-time: write the numbers here")
     parser.add_argument("--stats", help="also write the profiled run's raw statistics here (pstats: callers, callees)")
+    parser.add_argument("--timeline", help="write here where each engine step's host time went, slice by slice of "
+                        "one more unprofiled run (benchmarks.step_timeline)")
+    parser.add_argument("--timeline-parts", type=int, default=8, help="with --timeline: slices of the run")
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="with --timeline (GPU): count the host's waits for the GPU by call site")
     parser.add_argument("--trace", help="with --kernel-time: write the profiled run's timeline here "
                         "(Chrome trace, Python calls included; .gz to compress)")
     args = parser.parse_args()
@@ -123,6 +128,8 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos or bool(args.shape),
                             extra_args=extra_args or None)
     llm.generate(texts, params, use_tqdm=False)  # warm-up
+    if args.timeline:
+        _timeline(llm, texts, params, args)
     if args.kernel_time:
         _kernel_time(llm, texts, params, args)
     before = _steps(llm, args)
@@ -164,6 +171,23 @@ def _steps(llm, args, outputs=None) -> int:
     if args.decoding == "wedlm":
         return sum(graph_modes(llm).values())
     return max(len(o.outputs[0].token_ids) for o in outputs) if outputs else 0
+
+
+def _timeline(llm, texts, params, args) -> None:
+    from benchmarks.step_timeline import timeline
+
+    def run():
+        llm.generate(texts, params, use_tqdm=False)
+
+    result = timeline(llm, run, args.timeline_parts)
+    if args.sync_debug:  # a second run: the checks and their stacks cost host time of their own
+        checked = timeline(llm, run, args.timeline_parts, sync_debug=True)
+        result.update(sync_sites=checked.get("sync_sites", {}), sync_debug_slices=checked["slices"])
+    result.update(decoding=args.decoding, window_size=args.window_size, batch=args.batch_size,
+                  max_tokens=args.max_tokens)
+    print(json.dumps(result))
+    with open(args.timeline, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def _kernel_time(llm, texts, params, args) -> None:

@@ -148,8 +148,8 @@ def test_online_harness(model, tmp_path):
 def test_step_cost_harness(tmp_path):
     step = bench("step-cost", "--shape", "tiny", "--windows", f"{W},auto", "--batch-sizes", "1,2", "--taus", "inf",
                  "--prompt-tokens", "16", "--lengths", "8,24", "--workdir", str(tmp_path / "shape"),
-                 "--json", str(tmp_path / "step.json"))
-    fixed = [r for r in step["rows"] if r["window_size"] != "auto"]
+                 "--request-ar", "--json", str(tmp_path / "step.json"))
+    fixed = [r for r in step["rows"] if r["window_size"] != "auto" and r["mode"] != "wedlm-ar"]
     assert [(r["mode"], r["batch_size"], r["tokens_per_step"]) for r in fixed] == [
         ("ar", 1, 1.0), ("ar", 2, 1.0), ("wedlm:inf", 1, float(W)), ("wedlm:inf", 2, float(W))]
     # The adaptive window: every mask fills, so its windows grow to the most (16) and commit more.
@@ -157,6 +157,12 @@ def test_step_cost_harness(tmp_path):
     assert [r["batch_size"] for r in adaptive] == [1, 2]
     for row in adaptive:
         assert "16" in row["window_histogram"] and row["tokens_per_step"] > W, row
+    # --request-ar: the WeDLM engine decodes every request AR, a step per token at least (8 + 24
+    # per timed pair) and none of them a window step.
+    request_ar = [r for r in step["rows"] if r["mode"] == "wedlm-ar"]
+    assert [(r["batch_size"], r["tokens_per_step"]) for r in request_ar] == [(1, 1.0), (2, 1.0)]
+    for row in request_ar:
+        assert sum(row["graph_modes"].values()) >= 8 + 24 and sum(row["window_steps"].values()) == 0, row
     check_report([tmp_path / "step.json"], tmp_path / "report", 1, ("0-step-cost-step-cost.png",))
 
 

@@ -67,3 +67,26 @@ def test_kernels_are_sorted_by_kind_per_step():
     ]
     kernels = [SimpleNamespace(key=name, self_device_time_total=us) for name, us in names_and_us]
     assert kernel_kinds(kernels, num_steps=2) == {"attention": 2.0, "matmul": 5.0, "other": 0.25}
+
+
+def test_timeline_times_every_engine_step(tmp_path):
+    """``--timeline``: every iteration of the engine-core loop of one more run is timed, in slices;
+    on a CPU (synchronous) each iteration launches one forward and never waits for one in flight,
+    and the phases add up to no more than the iteration's wall time."""
+    import json
+
+    out = tmp_path / "timeline.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.profile_steps", "--shape", "tiny", "--decoding", "wedlm",
+                           "--tau", "1e9", "--window-size", str(W), "--fixed-rows", "--batch-size", str(BATCH),
+                           "--max-tokens", str(MAX_TOKENS), "--max-model-len", "256", "--top", "3",
+                           "--timeline", str(out), "--timeline-parts", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    timeline = json.loads(out.read_text())
+    slices = timeline["slices"]
+    assert len(slices) == 2 and sum(s["iterations"] for s in slices) == timeline["iterations"] == MAX_TOKENS // W
+    for part in slices:
+        assert part["forwards"] == part["iterations"] and part["wait_ms"] == 0.0, part
+        inside = sum(part[f"{p}_ms"] for p in ("schedule", "execute", "sample", "wait", "update", "other"))
+        assert part["other_ms"] >= 0 and part["between_ms"] >= 0
+        assert inside + part["between_ms"] == pytest.approx(part["wall_ms_per_forward"], rel=0.02), part

@@ -77,9 +77,11 @@ class WindowTable:
         return self._free.pop()
 
     def set_params(self, slot: int, params: WeDLMParams) -> None:
-        tau, lam = selection_tensors([params], self.device)
-        self.entropy_threshold[slot] = tau[0]
-        self.pos_penalty[slot] = lam[0]
+        # Made on the host and written as scalars: a tensor made on the device from Python numbers
+        # is a copy the host waits for, behind the step in flight (two per request that starts).
+        tau, lam = selection_tensors([params])
+        self.entropy_threshold[slot] = tau.item()
+        self.pos_penalty[slot] = lam.item()
 
     def release(self, slot: int) -> None:
         self._free.append(slot)
