@@ -211,3 +211,60 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     # request-forward a denoising step, every token returned committed.
     assert counted["denoising steps"] == forwards
     assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
+@pytest.mark.parametrize("preempted", [False, True], ids=["batch", "preemption"])
+def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypatch, preempted):
+    """On fixed window rows a window that commits about one token falls to W 0 by itself (its
+    leading run alone, one AR row: ``window_policy.zero_windows``) and comes back (a whole window,
+    a probe of its own, every few W 0 windows), where rows cost: the scheduler chooses on the
+    Qwen3-8B shape's cost curve (a tiny model's rows are nearly free). Every output, plain and
+    lossless (which keeps its windows), is the reference decoder's at the engine's W sequence, zeros
+    included, in as many forwards; ``preempted``: through at least 10 preemptions, rows costing so
+    much that plain windows sit at W 0 but for their probes, so that requests are preempted while at
+    W 0 (a window of W 0 re-prefilled draws from its last row)."""
+    from vllm import SamplingParams
+
+    from benchmarks.profile_steps import _choose_on_cost_curve
+    from engines import kv_bytes_per_token
+    from vllm_wedlm.adapter import scheduler
+    from vllm_wedlm.core.window_policy import StepCost
+
+    monkeypatch.setattr(scheduler, "step_cost", scheduler.step_cost)  # put back after the test
+    if preempted:
+        monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: StepCost(1e-3, 1e-3, 0))
+    else:
+        _choose_on_cost_curve("qwen3-8b")
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("w0"), TinySpec(variant="qwen2", logit_scale=1.0))
+    config = WeDLMConfig.from_pretrained(checkpoint)
+    reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
+    wedlm = {"decoding": "wedlm", "window_size": "auto", "entropy_threshold": TAU, "fixed_window_rows": True}
+    if preempted:
+        prompts, lossless = PREEMPT_PROMPTS, [i % 3 == 1 for i in range(len(PREEMPT_PROMPTS))]
+        max_tokens = [PREEMPT_TOKENS] * len(prompts)
+        rule = StopRule(max_tokens=PREEMPT_TOKENS, max_model_len=MAX_MODEL_LEN)
+        engine = dict(max_model_len=MAX_MODEL_LEN, block_size=BLOCK,
+                      kv_cache_memory_bytes=KV_BLOCKS * BLOCK * kv_bytes_per_token(config),
+                      max_num_batched_tokens=32 * MAX_WINDOW, long_prefill_token_threshold=CHUNK,
+                      enable_chunked_prefill=True, disable_log_stats=False)
+    else:
+        prompts, lossless, max_tokens = PROMPTS, LOSSLESS, MAX_TOKENS
+        engine = dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET, disable_log_stats=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": f})
+              for n, f in zip(max_tokens, lossless, strict=True)]
+    with running_llm(checkpoint, dtype="float32", async_scheduling=True, additional_config=wedlm, **engine) as llm:
+        (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        outputs, by_request, forwards = generate_traced(llm, prompts, params)
+        (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        redrawn = llm.collective_rpc("wedlm_row_layouts")[0]["w0_redrawn"]
+    rules = [rule] * len(outputs) if preempted else [StopRule(max_tokens=n) for n in max_tokens]
+    replayed = assert_replayed(reference, outputs, by_request, rules, lossless)
+    assert forwards == sum(expected.num_forwards for expected in replayed)
+    sizes = [by_request[o.request_id] for o in outputs]
+    # Plain requests fell to W 0 and came back (a whole window after it); lossless ones never did.
+    came_back = [0 in s and MAX_WINDOW in s[s.index(0):] for s in sizes]
+    assert any(c for c, f in zip(came_back, lossless, strict=True) if not f), by_request
+    assert not any(0 in s for s, f in zip(sizes, lossless, strict=True) if f), by_request
+    if preempted:  # ... some of them while at W 0
+        assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
+        assert redrawn, redrawn

@@ -67,7 +67,12 @@ class WindowCounts:
         return run
 
     def forward(self, rng: random.Random, window_size: int) -> int:
-        """The planned window's forward: its leading run's KV is written, some masks filled."""
+        """The planned window's forward: its leading run's KV is written, some masks filled. A window
+        of W 0 (its run alone) draws the next token from its run's last row, its next run."""
+        if self.w == 0:
+            assert self.filled and all(self.filled), self  # a run to draw from, and no mask
+            self.computed += len(self.filled)
+            return self.plan([True], window_size)
         masks = [i for i, f in enumerate(self.filled) if not f]
         chosen = {i for i in masks if rng.random() < self.fill_rate} or ({rng.choice(masks)} if masks else set())
         filled = [f or i in chosen for i, f in enumerate(self.filled)]
@@ -126,6 +131,8 @@ class RunnerCounts:
     sizes_seen: set[int] = field(default_factory=set)  # the adaptive window's W, as the scheduler chose them
     narrow: int = 0  # window steps of fewer rows than the server's W
     few_logits_rows: int = 0  # plain windows stepped with fewer logits rows (wedlm_mask_rows) than the server's W
+    zero_windows: int = 0  # window steps of W 0 windows (the adaptive window's one AR row)
+    zero_rows: int = 0  # their rows, in all
 
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -220,6 +227,9 @@ class RunnerCounts:
             # The step's logits rows per window cover every slot after its run (its masks among them).
             assert out.wedlm_mask_rows >= needed - run, (req_id, out.wedlm_mask_rows, window)
             self.few_logits_rows += out.wedlm_mask_rows < min(self.window_size, room)
+            if window.w == 0:
+                self.zero_windows += 1
+                self.zero_rows += rows
         return window.forward(self.rng, w)
 
 
@@ -322,23 +332,32 @@ def drive(scheduler, hasher, runner: RunnerCounts, rng: random.Random, calls: in
     return steps
 
 
-@pytest.mark.parametrize("window_size,padding,one_call_at_a_time,num_blocks,exact,preempted", [
+@pytest.mark.parametrize("window_size,padding,one_call_at_a_time,num_blocks,exact,preempted,cost_shape", [
     # A tiny model's gate pads every step (2W rows, pipelined; under --async-scheduling: with no
     # flag such a model schedules synchronously, async_gate.default_async_scheduling) ...
-    (16, "auto", True, 4000, False, False),
-    (16, "auto", False, 300, False, True),  # calls overlap: more requests than max_num_seqs; preemption
+    (16, "auto", True, 4000, False, False, None),
+    (16, "auto", False, 300, False, True, None),  # calls overlap: more requests than max_num_seqs; preemption
     # ... with no padding budget, a step of 64 windows whose runs are short forwards exact rows
     # (W and a predicted run while the step before is in flight), and pads when every run is whole.
-    (16, 0, True, 4000, True, False),
-    (16, 0, False, 600, True, True),
-    (4, 0, True, 4000, True, False),
+    (16, 0, True, 4000, True, False, None),
+    (16, 0, False, 600, True, True, None),
+    (4, 0, True, 4000, True, False, None),
     # The adaptive window: each window's rows follow its own W, which moves with what it commits.
-    ("auto", "auto", False, 300, False, True),
-    ("auto", 0, False, 600, True, True),
+    ("auto", "auto", False, 300, False, True, None),
+    ("auto", 0, False, 600, True, True, None),
+    # ... choosing on the Qwen3-8B shape's cost curve, where rows cost at batch 64: windows that
+    # commit about one token fall to W 0, one AR row each.
+    ("auto", "auto", False, 300, False, True, "qwen3-8b"),
 ])
-def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_a_time, num_blocks, exact,
-                                    preempted):
+def test_every_window_gets_its_rows(tmp_path, monkeypatch, window_size, padding, one_call_at_a_time, num_blocks,
+                                    exact, preempted, cost_shape):
     path = build_checkpoint(tmp_path, TinySpec(variant="qwen3"))
+    if cost_shape:
+        from benchmarks.profile_steps import _choose_on_cost_curve
+        from vllm_wedlm.adapter import scheduler as scheduler_module
+
+        monkeypatch.setattr(scheduler_module, "step_cost", scheduler_module.step_cost)  # put back after the test
+        _choose_on_cost_curve(cost_shape)
     scheduler, hasher = make_scheduler(path, window_size, padding, num_blocks)
     adaptive = window_size == "auto"
     for seed in range(4):
@@ -365,3 +384,7 @@ def test_every_window_gets_its_rows(tmp_path, window_size, padding, one_call_at_
             runner.sizes_seen)
         assert bool(runner.narrow) == adaptive, runner.narrow
         assert bool(runner.few_logits_rows) == adaptive, runner.few_logits_rows
+        # Where rows cost, windows that commit little fall to W 0, each a run of at least one token
+        # to draw from and no mask (``WindowCounts.forward``).
+        if cost_shape:
+            assert runner.zero_windows and 0 in runner.sizes_seen, (runner.zero_windows, runner.sizes_seen)

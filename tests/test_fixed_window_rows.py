@@ -69,6 +69,7 @@ def test_fixed_rows_equal_reference(tmp_path, window, padding):
     # per window void for a step (its run outgrew the rows the scheduler predicted, while the
     # step before was in flight; a synchronous engine knows every run).
     voids, waits = layouts.pop("void_windows"), layouts.pop("waits")
+    assert layouts.pop("w0_redrawn") == 0  # (a fixed W has no window of W 0)
     assert voids == 0 or on_gpu(), voids
     assert waits == 0 or on_gpu(), waits  # a synchronous engine never schedules a step that only waits
     assert 0 <= forwards - expected_forwards - voids <= (len(combos) if on_gpu() else 0)

@@ -31,6 +31,7 @@ from vllm_wedlm.core.window_policy import (
     full_reach,
     update_reach,
     usable_gains,
+    zero_windows,
 )
 
 pytestmark = pytest.mark.fast
@@ -79,13 +80,18 @@ def usable_slots(reach: list[list[float]]) -> list[int]:
     return [1 + sum(gain >= MIN_SLOT_GAIN for gain in r[1:]) for r in reach]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_choice_is_the_best_of_every_choice(seed):
-    rng = random.Random(seed)
+def small_batch(rng: random.Random) -> tuple[list[list[float]], StepCost, int, int]:
+    """A batch of 1-3 requests of random histories, windows of at most 1-5 slots, and a random cost
+    curve (host-bound, with a knee, compute-bound): reaches, cost, batch size, largest window."""
     batch, max_window = rng.randint(1, 3), rng.randint(1, 5)
-    reach = reaches(rng, batch, max_window)
     cost = StepCost(fixed=rng.uniform(0.5, 2.0), per_row=rng.choice([0.0, 0.01, 0.1, 1.0]),
                     knee=rng.choice([0, 2, 6, 20]))
+    return reaches(rng, batch, max_window), cost, batch, max_window
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_choice_is_the_best_of_every_choice(seed):
+    reach, cost, batch, max_window = small_batch(random.Random(seed))
     run_rows = expected_run(reach)
     chosen = choose_window_sizes(reach, cost)
     assert len(chosen) == batch and all(isinstance(w, int) and 1 <= w <= max_window for w in chosen)
@@ -389,3 +395,64 @@ def test_a_probe_of_whole_windows_sees_a_long_run_and_brings_windows_back():
 
     assert steps(16) == [0] * PROBE_GAP + [16] * PROBE_STEPS + [12] * 3
     assert steps(4) == [0] * PROBE_GAP + [16] * PROBE_STEPS + [0] * 3
+
+
+def zero_rate(reach: list[list[float]], sizes, cost: StepCost, run_rows: float) -> float:
+    """``rate`` where a window of W 0 (no mask row) commits exactly one token."""
+    commits = sum(1.0 if w == 0 else sum(usable_gains(r)[:w]) for r, w in zip(reach, sizes, strict=True))
+    return commits / cost.seconds(run_rows + sum(sizes))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_windows_of_w0_only_where_they_commit_as_much_and_the_rate_never_falls(seed):
+    """``zero_windows`` (fixed window rows): W 0 for exactly the eligible requests whose chosen window
+    is expected to commit at most one token; the batch's expected tokens per second is then at least
+    the windows' (a W 0 window commits one token for no mask row)."""
+    rng = random.Random(seed)
+    reach, cost, batch, _ = small_batch(rng)
+    run_rows = expected_run(reach)
+    eligible = [rng.random() < 0.7 for _ in range(batch)]
+    windows = choose_window_sizes(reach, cost)
+    sizes = zero_windows(windows, reach, eligible)
+    for r, w, z, ok in zip(reach, windows, sizes, eligible, strict=True):
+        assert z == (0 if ok and sum(usable_gains(r)[:w]) <= 1.0 else w), (r, w, ok)
+    assert zero_rate(reach, sizes, cost, run_rows) >= rate(reach, windows, cost, run_rows) * (1 - 1e-12)
+
+
+def test_w0_takes_one_token_per_forward_where_rows_cost_and_keeps_windows_that_fill():
+    """On the Qwen3-8B shape's curve at batch 64, requests that commit one token a forward (their
+    W 1 windows always commit their slot) fall to W 0; predictable text keeps its windows, and a
+    request that may not take W 0 keeps W 1."""
+    cost = step_cost(QWEN3_8B)
+    uncertain = reach_after([(1, 1)] * 20, 16)
+    predictable = reach_after([(16, 16)] * 20, 16)
+    reach = [uncertain] * 62 + [predictable, uncertain]
+    windows = choose_window_sizes(reach, cost)
+    assert windows[:62] == [1] * 62 and windows[62] > 1
+    sizes = zero_windows(windows, reach, [True] * 63 + [False])
+    assert sizes == [0] * 62 + [windows[62], 1]
+
+
+def test_w0_windows_probe_on_their_own():
+    """The scheduler's record on fixed window rows (``WindowSizer(zero_windows=True)``): a request at
+    W 0 plans a whole window after 4, 8, 16 ... windows of W 0 (its own probe, observed as any
+    window), while a request that may not take W 0 keeps its window; W 0 forwards do not move the
+    reach (they commit one token whatever the text)."""
+    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, WindowSizer
+
+    sizer = WindowSizer(16, step_cost(QWEN3_8B), zero_windows=True)
+    uncertain = reach_after([(1, 1)] * 20, 16)
+    names = [f"r{i}" for i in range(64)]
+    sizer.reaches.update(dict.fromkeys(names, uncertain))
+    seen = []
+    for _ in range(3 * PROBE_GAP + 3):
+        step = SimpleNamespace()
+        chosen = sizer.assign(step, names, zero_ok=set(names[:-1]))
+        seen.append(chosen["r0"])
+        assert chosen["r63"] == 1  # not eligible: its window
+        forwarded, before = getattr(step, FORWARDED_SIZES_ATTR), dict(sizer.reaches)
+        sizer.observe(step, dict.fromkeys(names, 1))
+        assert all(sizer.reaches[n] == before[n] for n in names if forwarded[n] == 0)
+        assert any(sizer.reaches[n] != before[n] for n in names if forwarded[n])
+    probe = [i for i, w in enumerate(seen) if w == 16]
+    assert set(seen) == {0, 16} and probe == [PROBE_GAP, 3 * PROBE_GAP + 1], seen

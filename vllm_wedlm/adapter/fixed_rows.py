@@ -28,7 +28,7 @@ from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR
-from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs
+from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
 from vllm_wedlm.core.sampling import sample
@@ -68,8 +68,13 @@ class FixedRows(RowLayout):
         # Steps that scheduled nothing and only waited for the one in flight (``waits_only``): each
         # holds a place in vLLM's batch queue of two, so the next forward cannot start under it.
         self.waits = 0
+        # Windows of W 0 re-prefilled after a preemption, which drew from their last row.
+        self.redrawn = 0
         # W of each window's next plan in the step (device [Bw]).
         self.window_sizes: torch.Tensor | None = None
+        # The step's windows of W 0 (their leading run alone: each draws its next token from the
+        # run's last row), as a host and a device [Bw] bool; None in a step without one.
+        self.zero_windows: tuple[np.ndarray, torch.Tensor] | None = None
 
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
         # Async scheduling's step that waits for the one in flight (the scheduler's gate holds its
@@ -81,7 +86,8 @@ class FixedRows(RowLayout):
 
     def counts(self) -> dict[str, int]:
         # (int(void_windows): one device sync, here)
-        return {**self.layouts, "void_windows": int(self.void_windows), "waits": self.waits}
+        return {**self.layouts, "void_windows": int(self.void_windows), "waits": self.waits,
+                "w0_redrawn": self.redrawn}
 
     def prepare(self, scheduler_output: SchedulerOutput, num_scheduled_tokens: np.ndarray) -> tuple:
         """Each window's rows, up to Q = 2W, laid out from the device table (the host may not know the
@@ -108,7 +114,12 @@ class FixedRows(RowLayout):
                                "got draft tokens")
         completes_prefill = ~window & (computed + n >= runner.input_batch.num_tokens_no_spec[:num_reqs])
         ar_next = completes_prefill & autoregressive  # [B] draws its next token from its last row
-        first_token = completes_prefill & lossless & ~has_window  # [B] draws its window's slot 0 from its last row
+        held_zero = np.fromiter((s.window_size == 0 for s in states), bool, num_reqs)  # [B] holds a W 0 window
+        # [B] draws its window's slot 0 from its last row: a lossless request after its prompt, and a
+        # request re-prefilled after a preemption that held a window of W 0 (its leading run, now
+        # re-prefilled: its last row is the one the W 0 window would have drawn from).
+        first_token = completes_prefill & ((lossless & ~has_window) | (held_zero & has_window & ~lossless
+                                                                        & ~autoregressive))
         rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window],
                                                       getattr(scheduler_output, MASK_ROWS_ATTR, None))
         self.rows_per_window = rows_per_window
@@ -119,6 +130,7 @@ class FixedRows(RowLayout):
         ar_rows = self.ar_input_ids(req_ids, slots, autoregressive, ar_next | first_token, starts, n)  # [Bd] device
         b = np.flatnonzero(window)  # [Bw] batch rows of windows
         self.logits_rows, self.window_logits = ar_rows, 0  # [N] device rows; how many are windows'
+        self.zero_windows = None
         if not len(b):
             return ar_rows, None
         table = self.table
@@ -139,11 +151,14 @@ class FixedRows(RowLayout):
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
         # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless and
         # W of its plan at the step's end; each window row's index and window.
-        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b], batch.window_sizes[b]])
+        zero = held_zero[b] & has_window[b]  # [Bw] windows of W 0
+        head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b], batch.window_sizes[b], zero])
         index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + ragged_arange(rows),
                                                  row_of])).to(self.device, non_blocking=True)
-        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless, self.window_sizes = index[: 7 * len(b)].view(7, len(b))
-        flat_rows, flat_window = index[7 * len(b):].view(2, -1)
+        w_slots, w_batch, w_first, w_rows, w_prompt, w_lossless, self.window_sizes, w_zero = (
+            index[: 8 * len(b)].view(8, len(b)))
+        flat_rows, flat_window = index[8 * len(b):].view(2, -1)
+        self.zero_windows = (zero, w_zero.bool()) if zero.any() else None
         flat_i = flat_rows - w_first[flat_window]  # [Tw] physical row inside its window
         start = table.committed_len[w_slots]  # [Bw] tokens before each window (its KV frontier)
         # Physical positions (KV slots) from the window's real start, then RoPE's logical ones.
@@ -163,6 +178,8 @@ class FixedRows(RowLayout):
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
         w_lossless = w_lossless.bool() if (window & lossless).any() else None  # [Bw]
         from_row = run if w_lossless is None else torch.where(w_lossless, 0, run)  # [Bw]
+        if self.zero_windows is not None:  # a W 0 window's one row: its run's last, a next-token row
+            from_row = torch.where(self.zero_windows[1], run - 1, from_row)
         k = torch.arange(rows_per_window, device=self.device)[None]  # [1, R]
         logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
         self.forwarded = (w_slots, run, start, w_rows, full, w_lossless)
@@ -249,6 +266,12 @@ class FixedRows(RowLayout):
         runner, step, table, mask_id = self.runner, self.step, self.table, self.mask_id
         num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
+        # A window of W 0 re-prefilled after a preemption draws from its last row now (``first_token``)
+        # and starts afresh with that draw, as a new lossless window does.
+        redrawn = resumed & step.first_token
+        new, resumed = new | redrawn, resumed & ~redrawn
+        runner.wedlm_request_forwards += int(redrawn.sum())  # the W 0 window's forward, which draws
+        self.redrawn += int(redrawn.sum())
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]: log-probs asked
         window_rows = np.flatnonzero(step.window)  # [Bw]
         rows_per_window = self.rows_per_window  # prepare's R
@@ -282,18 +305,22 @@ class FixedRows(RowLayout):
             if plain_logprobs[window_rows].any():
                 self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window,
                                  states)
-            runner.wedlm_window_step_runs["steps"] += 1
-            arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
-                         table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len, mask_id,
-                         rows_per_window, w_lossless)
-            if masked.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
-                fill_first = torch.from_numpy(masked[window_rows]).to(self.device, non_blocking=True)  # [Bw]
-                *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
-            else:
-                *windows, order, committed_len, sampled, void = self.window_step(*arguments)
-            table.keep(w_slots, WindowBatch(*windows), order, committed_len)
-            if not full:  # some windows got fewer than 2W rows: count the void ones (no host sync)
-                self.void_windows = self.void_windows + void.sum()
+            zero = self.zero_windows
+            if zero is None or not zero[0].all():  # windows with masks: the window step
+                runner.wedlm_window_step_runs["steps"] += 1
+                arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
+                             table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len,
+                             mask_id, rows_per_window, w_lossless)
+                if masked.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
+                    fill_first = torch.from_numpy(masked[window_rows]).to(self.device, non_blocking=True)  # [Bw]
+                    *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
+                else:
+                    *windows, order, committed_len, sampled, void = self.window_step(*arguments)
+                table.keep(w_slots, WindowBatch(*windows), order, committed_len)
+                if not full:  # some windows got fewer than 2W rows: count the void ones (no host sync)
+                    self.void_windows = self.void_windows + void.sum()
+            if zero is not None:  # after the window step, whose plans of these windows they replace
+                sampled = self.step_zero_windows(zero[0], window_logits, rows_per_window, sampled, width)
         drawn = None  # [Bd]: the draws' tokens, in batch order
         if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
             every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
@@ -327,8 +354,35 @@ class FixedRows(RowLayout):
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
+            states[row].window_size = int(step.window_sizes[row])
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
+
+    def step_zero_windows(self, zero: np.ndarray, window_logits: torch.Tensor, rows_per_window: int,
+                          sampled: torch.Tensor | None, width: int) -> torch.Tensor:
+        """Finish the step's windows of W 0 (``zero`` [Bw] bool, among its windows): each draws its
+        next token from its logits row, its run's last (a next-token row: the mask id is not banned,
+        as in an AR step and the reference decoder's ``_ar_draw``), and plans its next window with the
+        draw as its slot 0 (``window_step.zero_window_step``). Returns the step's sampled tokens
+        ([Bw, width]) with theirs: ``sampled`` (the window step's, or None where every window is
+        W 0) at the other windows."""
+        step, table = self.step, self.table
+        w_slots, run, start, *_ = self.forwarded
+        among = np.flatnonzero(zero)  # [Bz] their index among the windows
+        index = torch.from_numpy(np.concatenate([among, among * rows_per_window])).to(self.device, non_blocking=True)
+        windows, logits_rows = index.view(2, -1)
+        draws_per_request = np.zeros(len(step.req_ids), np.int64)
+        draws_per_request[np.flatnonzero(step.window)[among]] = 1
+        draws = sample(window_logits[logits_rows], self.sampling_batch(draws_per_request, draws_per_request),
+                       self.mask_id)  # [Bz]
+        slots = w_slots[windows]
+        plan, committed_len, returned = zero_window_step(draws, (start + run)[windows], self.window_sizes[windows],
+                                                         table.capacity, self.max_model_len, self.mask_id, width)
+        table.keep(slots, plan.windows, plan.order, committed_len)
+        if sampled is None:  # every window of the step is W 0, in the same order
+            return returned
+        sampled[windows] = returned
+        return sampled
 
     def window_index(self, rows: np.ndarray) -> torch.Tensor:
         """[k] device: the index among the step's windows of each window at batch ``rows`` ([k])."""
@@ -491,28 +545,31 @@ class FixedRows(RowLayout):
         this step, and of the ``resumed`` plain ones, re-prefilled after a preemption, into the table,
         and write each plain one's leading run into its row of ``sampled`` ([B, width]).
 
-        A new lossless window starts with its slot 0 filled by ``first_tokens`` ([new lossless], batch
-        order), the draw of its prompt's last row, and returns nothing before that slot's KV is
-        written. A resumed lossless window is kept as it was: it had returned only tokens whose KV
-        was written, which the re-prefill wrote again, so it starts where it did."""
+        A new window that drew from its last row (``step.first_token``: a lossless one after its
+        prompt; a plain one of W 0 re-prefilled after a preemption, here among the ``new``) starts
+        with its slot 0 filled by ``first_tokens`` ([those], batch order). A lossless one returns
+        nothing before that slot's KV is written; a plain one returns it now, its leading run. A
+        resumed lossless window is kept as it was: it had returned only tokens whose KV was written,
+        which the re-prefill wrote again, so it starts where it did."""
         table, mask_id = self.table, self.mask_id
         resumed = resumed & ~step.lossless
         num_new, num_resumed = int(new.sum()), int(resumed.sum())
         if not num_new + num_resumed:
             return
         new_lossless = step.lossless[new]  # [num_new]
+        new_drawn = step.first_token[new]  # [num_new]
         host = torch.from_numpy(np.concatenate([step.slots[new], step.slots[resumed], step.committed_len[new],
                                                 np.flatnonzero(new), np.flatnonzero(resumed),
-                                                np.flatnonzero(new_lossless), step.window_sizes[new]]))
-        new_slots, resumed_slots, new_starts, rows, lossless_index, new_sizes = host.to(
+                                                np.flatnonzero(new_drawn), step.window_sizes[new]]))
+        new_slots, resumed_slots, new_starts, rows, drawn_index, new_sizes = host.to(
             self.device, non_blocking=True).split([num_new, num_resumed, num_new, num_new + num_resumed,
-                                                   int(new_lossless.sum()), num_new])
+                                                   int(new_drawn.sum()), num_new])
         parts, starts, sizes = [], [], []
         if num_new:
             fresh = WindowBatch.empty(num_new, table.capacity, mask_id, self.device)
-            if new_lossless.any():
-                fresh.tokens[lossless_index, 0] = first_tokens
-                fresh.filled[lossless_index, 0] = True
+            if new_drawn.any():
+                fresh.tokens[drawn_index, 0] = first_tokens
+                fresh.filled[drawn_index, 0] = True
             parts.append(fresh)
             starts.append(new_starts)  # after the prompt
             sizes.append(new_sizes)

@@ -190,6 +190,8 @@ class WeDLMRunnerMixin:
         and, while a trace is on, recorded as W 0: in place of the W its dropped window was planned
         with (that window would have been this forward's), else added."""
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
+        if not self.wedlm_rows.vllm_ar_steps:  # fixed rows: W 0 is a window's own (its run alone)
+            return set()
         stepping_ar = {req_id for req_id, window_size in (chosen or {}).items() if window_size == 0}
         trace = self.wedlm_window_trace
         for req_id in stepping_ar:
@@ -316,8 +318,9 @@ class WeDLMWorkerMixin:
     def wedlm_row_layouts(self) -> dict[str, int]:
         """Fixed window rows: steps so far whose windows the scheduler's gate padded to their longest
         possible run ("padded": 2W rows at a fixed W, pipelined) and the others ("exact"), windows
-        void for a step ("void_windows"), and steps that scheduled nothing, only waiting for the one
-        in flight ("waits"):
+        void for a step ("void_windows"), steps that scheduled nothing, only waiting for the one
+        in flight ("waits"), and windows of W 0 re-prefilled after a preemption, which drew from
+        their last row ("w0_redrawn"):
         ``llm.collective_rpc("wedlm_row_layouts")``."""
         return self.model_runner.wedlm_rows.counts()
 

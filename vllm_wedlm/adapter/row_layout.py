@@ -53,6 +53,9 @@ class RequestState:
     slot: int
     params: WeDLMParams
     has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
+    # W of that window as planned (the adaptive window's choice; 0: a window of its leading run
+    # alone, which draws its next token from the run's last row; -1: none planned yet).
+    window_size: int = -1
     # A request that asked for ``wedlm_decoding: "ar"``: no window. Each step forwards the tokens
     # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
     # token from the last row, as vLLM's own sampler does in --decoding ar.
@@ -328,6 +331,8 @@ class RowLayout:
         plan = plan_windows(WindowBatch.empty(len(rows), self.table.capacity, self.mask_id),
                             torch.from_numpy(window_sizes[rows]), torch.from_numpy(starts), self.max_model_len)
         self.table.start(np.array([states[row].slot for row in rows], np.int64), plan, starts)
+        for row in rows:
+            states[row].window_size = int(window_sizes[row])
         self.trace(req_ids, rows, window_sizes)
 
     def sampling_batch(self, counts: np.ndarray, num_ar_rows: np.ndarray) -> SamplingBatch:

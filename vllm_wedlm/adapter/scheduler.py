@@ -34,7 +34,13 @@ from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR, WINDOW_SIZES_ATTR, WindowSizer
+from vllm_wedlm.adapter.window_sizer import (
+    FORWARDED_SIZES_ATTR,
+    MASK_ROWS_ATTR,
+    PADDED_ATTR,
+    WINDOW_SIZES_ATTR,
+    WindowSizer,
+)
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
@@ -62,6 +68,9 @@ class WeDLMScheduler(Scheduler):
     #: Whether the adaptive window may choose W 0, an AR step of the batch: a synchronous engine of
     #: exact rows, which times its own steps and hands such a step to vLLM whole.
     takes_ar_steps = True
+    #: Whether the adaptive window may give a request's window W 0 on its own (one AR row, per
+    #: request): the engine of fixed window rows, whose steps' rows are the requests' own.
+    takes_zero_windows = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -89,8 +98,11 @@ class WeDLMScheduler(Scheduler):
         self._sizer = (WindowSizer(self.wedlm.window_size,
                                    step_cost(self.vllm_config.model_config.hf_text_config, self.wedlm.window_tokens),
                                    ar_steps=self.takes_ar_steps and self.wedlm.ar_steps,
-                                   ar_step_cost=self.wedlm.ar_step_cost)
+                                   ar_step_cost=self.wedlm.ar_step_cost,
+                                   zero_windows=self.takes_zero_windows and self.wedlm.ar_steps)
                        if self.wedlm.wedlm and self.wedlm.adaptive_window else None)
+        # The requests whose next window may have W 0 (``takes_zero_windows``), asked each step.
+        self._zero_ok: set[str] | frozenset = frozenset()
         # Whether the step being scheduled is an AR step (W 0), when its schedule began, and what its
         # time is counted as once it is back (batch, window rows or None for AR; None: not timed).
         self._ar_step = False
@@ -168,7 +180,7 @@ class WeDLMScheduler(Scheduler):
         windowless = None  # where W can be 0: the requests of the step the runner holds no window for
         if self._sizer is not None:
             windowless, stepping_ar, planning = self._windows_of_step(scheduler_output)
-            self._sizer.assign(scheduler_output, planning, stepping_ar)
+            self._sizer.assign(scheduler_output, planning, stepping_ar, self._zero_ok)
         self._first_windows = self._ride_first_windows(scheduler_output, windowless)
         self._timed_step = None if windowless is None else self._timing(scheduler_output)
         super()._update_after_schedule(scheduler_output)
@@ -270,7 +282,9 @@ class WeDLMScheduler(Scheduler):
         self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
         self._window_stats = {}
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
-        stepping_ar = [req_id for req_id, window_size in chosen.items() if window_size == 0]
+        # (W 0 is an AR step here; on fixed rows a window's own, counted as any window's forward.)
+        stepping_ar = ([req_id for req_id, window_size in chosen.items() if window_size == 0]
+                       if self.takes_ar_steps else [])
         if stepping_ar:  # an AR step's forwards: a request-forward each, its token counted once appended
             scheduled = scheduler_output.num_scheduled_tokens
             stats = self._ar_step_forwards(len(stepping_ar), sum(scheduled.get(req_id, 0) for req_id in stepping_ar))
@@ -428,6 +442,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     flight (``N - C`` is 0). Its leading run is unverified fills the host never sees, so it always
     forwards 2W rows.
 
+    An adaptive window of W 0 (``window_sizer.py``) is its leading run alone: its rows are that run and
+    S = 1 (the one token it draws, its next run), so a request at W 0 forwards one row a step while
+    its step before is in flight. With no step in flight it gets its run and one row more (a scratch
+    row after it), so that it has a draft and reads as a window. Re-prefilled after a preemption, it
+    draws from the re-prefill's last row, which returns that token: one output placeholder for it.
+
     A request decoded AR on this engine (``wedlm_decoding: ar``) is counted as vLLM's async
     scheduler counts an AR request: one output placeholder per step that draws (vLLM's
     ``num_sampled_tokens_per_step``, 0 here for the windows), no drafts, and left out of a schedule
@@ -435,6 +455,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     """
 
     takes_ar_steps = False  # its steps overlap (none is timed alone) and its windows live on the device
+    takes_zero_windows = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -462,6 +483,8 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._mask_rows = 0
         # Whether the gate padded this step's windows (``PADDED_ATTR``).
         self._padded = True
+        # The plain requests whose windows may take W 0 (``zero_window_eligible``), fixed at arrival.
+        self._zero_eligible: set[str] = set()
 
     def _update_request_with_output(self, request, new_token_ids):
         # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
@@ -474,10 +497,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         extra_args = request.sampling_params.extra_args if request.sampling_params else None
         if not self._decodes_ar(request) and self.wedlm.request_params(extra_args).lossless:
             self._lossless.add(request.request_id)
+        elif (self._sizer is not None and self._sizer.zero_windows and not self._decodes_ar(request)
+              and zero_window_eligible(request.sampling_params)):
+            self._zero_eligible.add(request.request_id)
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
         self._lossless.discard(request.request_id)
+        self._zero_eligible.discard(request.request_id)
         self._spans.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
@@ -504,6 +531,13 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 padding += span + w
                 self._mask_rows = max(self._mask_rows, w, span)
         padded = self._padded = self._gate.pipelines(padding, exact)
+        if self._zero_eligible:
+            # W 0 needs a run to draw from: the window forwarded now has at most one slot after its
+            # run, and that one a mask (W <= 1, no fill left further right: S <= 1), which the step
+            # fills (at least one mask is, the first by then); unless the step is not padded, where a
+            # window may be void and fill nothing.
+            self._zero_ok = {req_id for req_id, (w, span) in shapes.items()
+                             if padded and w <= 1 and span <= 1 and req_id in self._zero_eligible}
         held, kept = [], []
         for request in self.running:
             if request.request_id in self._autoregressive:
@@ -561,7 +595,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         """At most how many slots follow the leading run of ``request``'s window: its W
         (``window_size``), unless a wider W before left fills further right (an adaptive window),
         which stay until committed."""
-        return self._spans.get(request.request_id, window_size)
+        return self._spans.get(request.request_id, max(window_size, 1))
 
     def _ar_rows(self, request) -> int | None:
         """0 (vLLM schedules an AR request's tokens itself), or None to hold it out of this schedule:
@@ -583,6 +617,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         setattr(scheduler_output, PADDED_ATTR, self._padded)
         windows = set(scheduler_output.scheduled_spec_decode_tokens)
         self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
+        forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
             if req_id in self._autoregressive:
@@ -591,6 +626,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 if not request.is_prefill_chunk:
                     request.num_output_placeholders += 1  # the token this step draws
             elif request.num_computed_tokens >= request.num_tokens:
+                if req_id not in self._windowed and forwarded.get(req_id) == 0:
+                    # Re-prefilled after a preemption while its window had W 0: the step draws from its
+                    # last row, as that window's forward would have, and returns the draw.
+                    request.num_output_placeholders += 1
                 self._windowed.add(req_id)
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -621,12 +660,24 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     def _planned(self, req_id: str, scheduler_output, run: int) -> None:
         """Bound the slots after the leading run (``run``) of the window a finished step planned for
         ``req_id`` with W (its ``WINDOW_SIZES_ATTR``): W, or what the window before held after its
-        run, less this run (the plan keeps every fill, up to the last)."""
+        run, less this run (the plan keeps every fill, up to the last). A window of W 0 has no slot
+        after its run, but its step's run is its one draw: its bound is 1."""
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
         request = self.requests.get(req_id)
         if chosen and req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
             window_size = chosen[req_id]
-            self._spans[req_id] = max(window_size, self._spans.get(req_id, window_size) - run)
+            self._spans[req_id] = max(window_size, 1, self._spans.get(req_id, window_size) - run)
+
+
+def zero_window_eligible(params) -> bool:
+    """Whether a plain WeDLM request's windows may take W 0 (one AR row; the runner draws it apart
+    from the window step): none of what the window step applies per row or records per fill, which
+    the W 0 draw does not (log-probs, a grammar, logit edits, penalties, bad words, processors'
+    arguments)."""
+    return (params is not None and params.logprobs is None and not params.logprob_token_ids
+            and params.structured_outputs is None and not params.allowed_token_ids and not params.logit_bias
+            and not params.min_tokens and not params.bad_words and params.presence_penalty == 0
+            and params.frequency_penalty == 0 and params.repetition_penalty == 1)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:

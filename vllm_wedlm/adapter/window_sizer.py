@@ -23,6 +23,15 @@ vLLM's own step, one token per request, at the cost the engine measured for its 
 (``StepTimes``: the seconds of its own steps, AR and windowed, per batch-size class). A W 0 step
 observes nothing of what windows would commit, so every few AR steps two window steps of whole
 windows re-measure (a probe; the gap doubles while AR keeps winning).
+
+**W 0 on fixed window rows: a window's own** (``core.window_policy.zero_windows``). The async
+engine's steps cannot be handed to vLLM whole, but each request's rows are its own: a window of W 0
+is its leading run alone, one row a step once it is at W 0, which draws the next token from the
+run's last row (lab notebook 5.33). The scheduler says which requests may take it (``assign``'s
+``zero_ok``: the window forwarded now has at most one slot after its run and the step is padded, so
+that the step commits at least one token for W 0 to draw from); each such request probes on its own
+(a whole window after ``PROBE_GAP`` windows of W 0, the gap doubling up to ``MAX_PROBE_GAP``), and
+W 0 forwards leave its reach as it was.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from vllm_wedlm.core.window_policy import (
     choose_window_sizes,
     full_reach,
     update_reach,
+    zero_windows,
 )
 
 #: The ``SchedulerOutput`` attribute that carries a step's window sizes to the runner (a plain
@@ -108,8 +118,14 @@ class StepTimes:
 
 
 class WindowSizer:
-    def __init__(self, max_window: int, cost: StepCost, ar_steps: bool = False, ar_step_cost: float | None = None):
+    def __init__(self, max_window: int, cost: StepCost, ar_steps: bool = False, ar_step_cost: float | None = None,
+                 zero_windows: bool = False):
         self.max_window, self.cost = max_window, cost
+        # Windows of W 0 per request (fixed window rows: ``core.window_policy.zero_windows``), each with
+        # probes of its own: req_id -> W 0 windows since its last window, and the gap before its next probe.
+        self.zero_windows = zero_windows
+        self.zero_streak: dict[str, int] = {}
+        self.zero_gap: dict[str, int] = {}
         self.reaches: dict[str, list[float]] = {}  # req_id -> its reach [max_window] (core.window_policy)
         self.prior = full_reach(max_window)  # a new request's reach: the server's moving average
         # req_id -> W of the window the runner holds (or plans now); 0: none, the request steps AR.
@@ -164,26 +180,52 @@ class WindowSizer:
         self.ar_streak += 1
         return True
 
-    def assign(self, scheduler_output, planning: list[str], stepping_ar: list[str] = ()) -> dict[str, int]:
+    def assign(self, scheduler_output, planning: list[str], stepping_ar: list[str] = (),
+               zero_ok: set[str] | frozenset = frozenset()) -> dict[str, int]:
         """Choose W for each window the step plans (the requests ``planning``: every window it
         forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step),
         attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
-        the server's reach (``prior``)."""
+        the server's reach (``prior``). With ``zero_windows``, the requests ``zero_ok`` may plan a
+        window of W 0 (``_zero_windows``)."""
+        reaches = [self.reaches.get(r, self.prior) for r in planning]
         if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
             sizes = [self.sizes_hint[req_id] for req_id in planning]
         else:
-            sizes = choose_window_sizes([self.reaches.get(r, self.prior) for r in planning], self.cost)
+            sizes = choose_window_sizes(reaches, self.cost)
         if self.probing:  # the whole window: what windows would commit, long runs included
             sizes = [self.max_window] * len(sizes)
+        if self.zero_windows:
+            sizes = self._zero_windows(planning, reaches, sizes, zero_ok)
         chosen = dict(zip(planning, sizes, strict=True))
         # The window a step forwards was planned by the request's step before (a first window riding
-        # with its prompt, or a window after an AR step, by this one).
+        # with its prompt, or a window after an AR step, by this one); a window of W 0 is its own.
         setattr(scheduler_output, FORWARDED_SIZES_ATTR,
-                {req_id: self.planned.get(req_id) or chosen[req_id] for req_id in planning})
+                {req_id: (self.planned.get(req_id, chosen[req_id]) if self.zero_windows
+                          else self.planned.get(req_id) or chosen[req_id]) for req_id in planning})
         chosen.update(dict.fromkeys(stepping_ar, 0))
         self.planned.update(chosen)
         setattr(scheduler_output, WINDOW_SIZES_ATTR, chosen)
         return chosen
+
+    def _zero_windows(self, planning: list[str], reaches: list[list[float]], sizes: list[int],
+                      zero_ok: set[str] | frozenset) -> list[int]:
+        """``sizes`` with W 0 where ``core.window_policy.zero_windows`` gives it, but for a probe: a
+        request at W 0 observes no window, so after ``PROBE_GAP`` of them (doubled each time W 0 still
+        wins afterwards, up to ``MAX_PROBE_GAP``) it plans one whole window instead."""
+        zeroed = zero_windows(sizes, reaches, [req_id in zero_ok for req_id in planning])
+        for i, req_id in enumerate(planning):
+            if zeroed[i]:
+                if req_id in zero_ok:  # windows win where W 0 could be: they are measured as they run
+                    self.zero_streak.pop(req_id, None)
+                    self.zero_gap.pop(req_id, None)
+                continue
+            streak = self.zero_streak.get(req_id, 0) + 1
+            gap = self.zero_gap.get(req_id, PROBE_GAP)
+            if streak > gap:
+                zeroed[i], streak = self.max_window, 0
+                self.zero_gap[req_id] = min(2 * gap, MAX_PROBE_GAP)
+            self.zero_streak[req_id] = streak
+        return zeroed
 
     def observe(self, scheduler_output, runs: dict[str, int]) -> None:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
@@ -192,6 +234,8 @@ class WindowSizer:
         updated = []
         # In a fixed order: a set's order follows the hash seed, and the mean's rounding with it.
         for req_id in sorted(runs.keys() & forwarded.keys()):
+            if not forwarded[req_id]:  # a window of W 0 commits its one draw whatever the text
+                continue
             reach = update_reach(self.reaches.get(req_id, self.prior), runs[req_id], forwarded[req_id])
             self.reaches[req_id] = reach
             updated.append(reach)
@@ -204,3 +248,5 @@ class WindowSizer:
         """A request finished or was aborted."""
         self.reaches.pop(req_id, None)
         self.planned.pop(req_id, None)
+        self.zero_streak.pop(req_id, None)
+        self.zero_gap.pop(req_id, None)

@@ -131,6 +131,20 @@ def fixed_rows_window_step(table: WindowBatch, table_order: torch.Tensor, slots:
     return (plan.windows.tokens, plan.windows.filled, plan.windows.length, plan.order, committed_len, returned, void)
 
 
+def zero_window_step(draws: torch.Tensor, committed_len: torch.Tensor, window_size: torch.Tensor, capacity: int,
+                     limit: int, mask_id: int, width: int) -> tuple:
+    """The next windows of windows of W 0 (their leading run alone, whose KV the step wrote): each
+    starts with its draw (``draws`` [B], the token drawn from its run's last row) filled in slot 0,
+    after ``committed_len`` [B] tokens, planned with ``window_size`` [B] slots after it, as the
+    reference decoder's AR step leaves its next window. Returns the plan, ``committed_len`` and the
+    tokens each returns now ([B, width] int32: its draw, its next leading run, -1 after it)."""
+    windows = WindowBatch.empty(draws.shape[0], capacity, mask_id, draws.device)
+    windows.tokens[:, 0] = draws
+    windows.filled[:, 0] = True
+    plan = plan_windows(windows, window_size, committed_len, limit)
+    return plan, committed_len, leading_runs(plan, width)
+
+
 def check_rows(lossless: torch.Tensor, run: torch.Tensor, rows_per_window: int) -> torch.Tensor:
     """[B, R] bool: the logits rows of a fixed-rows step that are a lossless window's leading-run
     rows (its first ``run`` [B] rows where ``lossless`` [B]): AR rows, drawn without the mask ban."""

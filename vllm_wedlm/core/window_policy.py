@@ -40,6 +40,9 @@ row, its share of host work).
 windows are expected to commit fewer tokens per second than an AR step of the batch (one token per
 request, at the AR step's own measured cost), every request steps AR. The synchronous engine asks it
 before every step (``adapter/window_sizer.py``), timing its own steps for both costs.
+``zero_windows`` is the floor per request, for the engine of fixed window rows: W 0 (a window of its
+leading run alone, which draws one token from the run's last row) wherever a request's chosen
+window is expected to commit no more than that one token.
 
 It is all Python numbers, not tensors: the scheduler chooses before every step, for at most a few
 hundred requests of 16 slots, where the few dozen small tensor operations of a sort cost more than
@@ -186,6 +189,17 @@ def best_prefix(gains: list[list[float]], cost: StepCost, run_rows: float) -> tu
 def choose_window_sizes(reaches: list[list[float]], cost: StepCost, run_rows: float | None = None) -> list[int]:
     """Each request's W in [1, W] for its next window (``best_windows``)."""
     return best_windows(reaches, cost, run_rows)[0]
+
+
+def zero_windows(sizes: list[int], reaches: list[list[float]], eligible: list[bool]) -> list[int]:
+    """``sizes`` (``choose_window_sizes``'), with W 0 for each ``eligible`` request whose window is
+    expected to commit at most one token: a window of W 0 forwards no mask row and commits exactly
+    one token (its leading run's next token, drawn from the run's last row), so it commits as much
+    for fewer rows, and the batch's tokens per second can only rise. (A window of W 1 never beats
+    it: its one slot commits at most one token.) Per request, on the engine whose rows are the
+    requests' own (fixed window rows); the choice among windows stays ``best_windows``'."""
+    return [0 if ok and sum(usable_gains(reach)[:size]) <= 1.0 else size
+            for size, reach, ok in zip(sizes, reaches, eligible, strict=True)]
 
 
 def choose_step(reaches: list[list[float]], cost: StepCost, ar_step: float,
