@@ -149,8 +149,9 @@ class FixedRows(RowLayout):
             self.layouts["padded" if getattr(scheduler_output, PADDED_ATTR, full) else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
-        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless and
-        # W of its plan at the step's end; each window row's index and window.
+        # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless, W
+        # of its plan at the step's end and whether it is a window of W 0; each window row's index
+        # and window.
         zero = held_zero[b] & has_window[b]  # [Bw] windows of W 0
         head = np.stack([slots[b], b, first_row, rows, prompt_rows[b], lossless[b], batch.window_sizes[b], zero])
         index = torch.from_numpy(np.concatenate([head.ravel(), np.repeat(first_row, rows) + ragged_arange(rows),
@@ -375,10 +376,10 @@ class FixedRows(RowLayout):
         draws_per_request[np.flatnonzero(step.window)[among]] = 1
         draws = sample(window_logits[logits_rows], self.sampling_batch(draws_per_request, draws_per_request),
                        self.mask_id)  # [Bz]
-        slots = w_slots[windows]
-        plan, committed_len, returned = zero_window_step(draws, (start + run)[windows], self.window_sizes[windows],
-                                                         table.capacity, self.max_model_len, self.mask_id, width)
-        table.keep(slots, plan.windows, plan.order, committed_len)
+        committed_len = (start + run)[windows]  # [Bz]: the run's KV is written now
+        plan, returned = zero_window_step(draws, committed_len, self.window_sizes[windows], table.capacity,
+                                          self.max_model_len, self.mask_id, width)
+        table.keep(w_slots[windows], plan.windows, plan.order, committed_len)
         if sampled is None:  # every window of the step is W 0, in the same order
             return returned
         sampled[windows] = returned

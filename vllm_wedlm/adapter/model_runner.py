@@ -189,9 +189,9 @@ class WeDLMRunnerMixin:
         leading run, and its next window starts after the token drawn now). Its forward is counted
         and, while a trace is on, recorded as W 0: in place of the W its dropped window was planned
         with (that window would have been this forward's), else added."""
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
         if not self.wedlm_rows.vllm_ar_steps:  # fixed rows: W 0 is a window's own (its run alone)
             return set()
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
         stepping_ar = {req_id for req_id, window_size in (chosen or {}).items() if window_size == 0}
         trace = self.wedlm_window_trace
         for req_id in stepping_ar:

@@ -31,6 +31,7 @@ from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
+from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.run_output import append_run
@@ -42,6 +43,7 @@ from vllm_wedlm.adapter.window_sizer import (
     WindowSizer,
 )
 from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
+from vllm_wedlm.core.logit_edits import LogitEdits
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -671,13 +673,14 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
 
 def zero_window_eligible(params) -> bool:
     """Whether a plain WeDLM request's windows may take W 0 (one AR row; the runner draws it apart
-    from the window step): none of what the window step applies per row or records per fill, which
-    the W 0 draw does not (log-probs, a grammar, logit edits, penalties, bad words, processors'
-    arguments)."""
+    from the window step): none of what the runner applies per row or records per fill, which the W 0
+    draw does not: log-probs, a grammar, and the runner's own logit and context edits (the same
+    ``LogitEdits.of`` and ``ContextEdits.of`` it builds each request's state from)."""
     return (params is not None and params.logprobs is None and not params.logprob_token_ids
-            and params.structured_outputs is None and not params.allowed_token_ids and not params.logit_bias
-            and not params.min_tokens and not params.bad_words and params.presence_penalty == 0
-            and params.frequency_penalty == 0 and params.repetition_penalty == 1)
+            and params.structured_outputs is None
+            and LogitEdits.of(params.allowed_token_ids, params.logit_bias, params.min_tokens,
+                              params.all_stop_token_ids) is None
+            and ContextEdits.of(params) is None)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:
