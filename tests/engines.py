@@ -21,7 +21,7 @@ _in_process_engines: list[object] = []
 
 
 @contextlib.contextmanager
-def running_llm(model: Path, **overrides) -> Iterator:
+def running_llm(model: Path, in_process: bool | None = None, **overrides) -> Iterator:
     """A ``vllm.LLM`` on ``model`` for the duration of the block, its engine core stopped after.
 
     On the CPU the engine core runs inside the test process (vLLM's in-process client): a process of
@@ -29,12 +29,15 @@ def running_llm(model: Path, **overrides) -> Iterator:
     engines, which the CI's time limit cannot afford. Only the engine's construction sees the
     switch, so processes the tests start meanwhile (``vllm serve``, the demo) run as users run them.
     Not on a GPU, where memory an engine leaves in the test process would shrink the next one's share,
-    nor beside another in-process engine (``_in_process_engines``).
+    nor beside another in-process engine (``_in_process_engines``). ``in_process=True`` asks for it on a
+    GPU too: a test that patches the scheduler's module (its engine core must be this process's).
     """
     from vllm import LLM
 
     before = os.environ.get(MULTIPROCESSING_ENV)
-    in_process = not on_gpu() and not _in_process_engines
+    if in_process is None:
+        in_process = not on_gpu()
+    in_process = in_process and not _in_process_engines
     if in_process:
         os.environ[MULTIPROCESSING_ENV] = "0"
     try:

@@ -227,10 +227,12 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
 
     from benchmarks.profile_steps import _choose_on_cost_curve
     from engines import kv_bytes_per_token
-    from vllm_wedlm.adapter import scheduler
+    from vllm_wedlm.adapter import scheduler, window_sizer
     from vllm_wedlm.core.window_policy import StepCost
 
     monkeypatch.setattr(scheduler, "step_cost", scheduler.step_cost)  # put back after the test
+    # Probes in every 4th step rather than every 16th: these requests are short.
+    monkeypatch.setattr(window_sizer, "ZERO_PROBE_PERIOD", 4)
     if preempted:
         monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: StepCost(1e-3, 1e-3, 0))
     else:
@@ -252,7 +254,9 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
         engine = dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET, disable_log_stats=False)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, extra_args={"wedlm_lossless": f})
               for n, f in zip(max_tokens, lossless, strict=True)]
-    with running_llm(checkpoint, dtype="float32", async_scheduling=True, additional_config=wedlm, **engine) as llm:
+    # In this process, also on a GPU: the scheduler is the one patched above.
+    with running_llm(checkpoint, in_process=True, dtype="float32", async_scheduling=True, additional_config=wedlm,
+                     **engine) as llm:
         (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
         outputs, by_request, forwards = generate_traced(llm, prompts, params)
         (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]

@@ -133,9 +133,14 @@ class RunnerCounts:
     few_logits_rows: int = 0  # plain windows stepped with fewer logits rows (wedlm_mask_rows) than the server's W
     zero_windows: int = 0  # window steps of W 0 windows (the adaptive window's one AR row)
     zero_rows: int = 0  # their rows, in all
+    # Report the slots after the leading run of each window a window step plans, as the runner does
+    # for the adaptive window (``WeDLMRunnerOutput.window_spans``); without them the scheduler bounds them.
+    spans: bool = False
 
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+        from vllm_wedlm.adapter.outputs import wedlm_output
 
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)
@@ -161,8 +166,15 @@ class RunnerCounts:
         req_ids = list(out.num_scheduled_tokens)
         self.windows_pipelined += len(set(out.scheduled_spec_decode_tokens) & windows_in_flight)
         runs = [self._step(req_id, out, scheduler, req_id in in_flight) for req_id in req_ids]
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=[[7] * run for run in runs])
+        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                   sampled_token_ids=[[7] * run for run in runs])
+        if not self.spans:
+            return output
+        windows = [self.requests[r] for r in out.scheduled_spec_decode_tokens]
+        return wedlm_output(output, window_spans={
+            r: len(w.filled) - leading_run(w.filled) for r, w in zip(out.scheduled_spec_decode_tokens, windows,
+                                                                     strict=True)
+            if type(w) is WindowCounts})
 
     def _step(self, req_id: str, out, scheduler, in_flight: bool) -> int:
         """One request's part of a step (``in_flight``: its step before is not back); the run it returns."""
@@ -362,7 +374,7 @@ def test_every_window_gets_its_rows(tmp_path, monkeypatch, window_size, padding,
     adaptive = window_size == "auto"
     for seed in range(4):
         rng = random.Random(seed)
-        runner = RunnerCounts(16 if adaptive else window_size, rng)
+        runner = RunnerCounts(16 if adaptive else window_size, rng, spans=adaptive and seed % 2 == 0)
         # Windows alone, then with requests decoded AR among them, then lossless ones too.
         ar_share = 0.25 if seed else 0.0
         lossless_share = 0.25 if seed == 3 else 0.0

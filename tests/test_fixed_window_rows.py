@@ -172,3 +172,25 @@ def test_a_model_too_small_to_hide_the_host_schedules_synchronously_by_default()
         assert default_async_scheduling(requested, small) is requested
         assert default_async_scheduling(requested, QWEN3_8B) is requested
 
+
+
+def test_async_output_brings_the_window_spans_with_vllms_output():
+    """Under async scheduling the fixed-rows runner's spans (the slots after each planned window's
+    leading run) ride on vLLM's async output: asked for, it is vLLM's output, every field as it was,
+    with the spans by request."""
+    import torch
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+
+    from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, WeDLMRunnerOutput
+
+    inner = ModelRunnerOutput(req_ids=["a", "b", "c"], req_id_to_index={"a": 0, "b": 1, "c": 2},
+                              sampled_token_ids=[[5, 6], [], [7]])
+
+    class Later(AsyncModelRunnerOutput):  # vLLM's async output type: an output to come
+        def get_output(self) -> ModelRunnerOutput:
+            return inner
+
+    output = AsyncOutputWithSpans(Later(), ["a", "c"], torch.tensor([3, 0], dtype=torch.int32)).get_output()
+    assert isinstance(output, WeDLMRunnerOutput) and output.window_spans == {"a": 3, "c": 0}
+    assert (output.req_ids, output.req_id_to_index, output.sampled_token_ids) == (
+        inner.req_ids, inner.req_id_to_index, inner.sampled_token_ids)

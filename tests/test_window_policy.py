@@ -436,16 +436,19 @@ def test_w0_takes_one_token_per_forward_where_rows_cost_and_keeps_windows_that_f
 def test_w0_windows_probe_on_their_own():
     """The scheduler's record on fixed window rows (``WindowSizer(zero_windows=True)``): a request at
     W 0 plans a whole window after 4, 8, 16 ... windows of W 0 (its own probe, observed as any
-    window), while a request that may not take W 0 keeps its window; W 0 forwards do not move the
-    reach (they commit one token whatever the text)."""
-    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, WindowSizer
+    window), in the first step after that whose count is a multiple of ``ZERO_PROBE_PERIOD`` (the
+    batch's probes share steps), while a request that may not take W 0 keeps its window; W 0
+    forwards do not move the reach (they commit one token whatever the text)."""
+    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, ZERO_PROBE_PERIOD, WindowSizer
+
+    assert 2 * PROBE_GAP < ZERO_PROBE_PERIOD  # (so the record below shows the gap doubling)
 
     sizer = WindowSizer(16, step_cost(QWEN3_8B), zero_windows=True)
     uncertain = reach_after([(1, 1)] * 20, 16)
     names = [f"r{i}" for i in range(64)]
     sizer.reaches.update(dict.fromkeys(names, uncertain))
     seen = []
-    for _ in range(3 * PROBE_GAP + 3):
+    for _ in range(3 * ZERO_PROBE_PERIOD + 3):
         step = SimpleNamespace()
         chosen = sizer.assign(step, names, zero_ok=set(names[:-1]))
         seen.append(chosen["r0"])
@@ -455,4 +458,6 @@ def test_w0_windows_probe_on_their_own():
         assert all(sizer.reaches[n] == before[n] for n in names if forwarded[n] == 0)
         assert any(sizer.reaches[n] != before[n] for n in names if forwarded[n])
     probe = [i for i, w in enumerate(seen) if w == 16]
-    assert set(seen) == {0, 16} and probe == [PROBE_GAP, 3 * PROBE_GAP + 1], seen
+    # Steps 16 and 32 (after 4 and then 8 W 0 windows); not 48: after the second probe the gap is 16
+    # windows, 15 of them by step 48.
+    assert set(seen) == {0, 16} and probe == [ZERO_PROBE_PERIOD - 1, 2 * ZERO_PROBE_PERIOD - 1], seen

@@ -14,7 +14,6 @@ verified, when their KV is written.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +22,7 @@ from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
-from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
+from vllm_wedlm.adapter.outputs import wedlm_output
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import plan_rows
 from vllm_wedlm.adapter.window_table import packet_width
@@ -516,5 +515,4 @@ class ExactRows(RowLayout):
         """vLLM's output with each request's next window, which the scheduler sends as drafts."""
         if not isinstance(output, ModelRunnerOutput):
             return output
-        values = {f.name: getattr(output, f.name) for f in fields(output)}
-        return WeDLMRunnerOutput(**values, next_windows=self.next_windows, unforwarded=self.unforwarded)
+        return wedlm_output(output, next_windows=self.next_windows, unforwarded=self.unforwarded)

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
+from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, wedlm_output
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
@@ -75,6 +76,9 @@ class FixedRows(RowLayout):
         # The step's windows of W 0 (their leading run alone: each draws its next token from the
         # run's last row), as a host and a device [Bw] bool; None in a step without one.
         self.zero_windows: tuple[np.ndarray, torch.Tensor] | None = None
+        # With the adaptive window: the step's windows' requests and the slots after the leading run of
+        # the window it planned for each (device [Bw] int32), for the scheduler (``runner_output``).
+        self.spans: tuple[list[str], torch.Tensor] | None = None
 
     def waits_only(self, scheduler_output: SchedulerOutput) -> bool:
         # Async scheduling's step that waits for the one in flight (the scheduler's gate holds its
@@ -352,12 +356,37 @@ class FixedRows(RowLayout):
         if wants.any():
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
                                               states)
+        self.spans = None
+        if self.settings.adaptive_window and len(window_rows):
+            self.spans = [step.req_ids[i] for i in window_rows], self.window_spans(sampled, window_rows)
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
             states[row].window_size = int(step.window_sizes[row])
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
+
+    def window_spans(self, sampled: torch.Tensor, window_rows: np.ndarray) -> torch.Tensor:
+        """[Bw] int32 device: how many slots follow the leading run of the window the step planned for
+        each of its windows (at batch ``window_rows``): its length in the table, less the run it
+        returns now (``sampled``, [B, width] or [Bw, width], -1 after each run). The scheduler bounds
+        it otherwise by every fill a wider window left (``WeDLMFixedRowsScheduler._planned``), so
+        that a window that shrank forwards rows for slots no longer there until they would all have
+        been committed: 15 steps after a probe of W 16 that filled nothing."""
+        if sampled.shape[0] != len(window_rows):
+            sampled = sampled[torch.from_numpy(window_rows).to(self.device, non_blocking=True)]
+        return (self.table.windows.length[self.forwarded[0]] - (sampled >= 0).sum(1)).to(torch.int32)
+
+    def runner_output(self, output):
+        spans, self.spans = self.spans, None
+        if spans is None:
+            return output
+        if isinstance(output, AsyncModelRunnerOutput):  # copied behind the step, as vLLM copies its tokens
+            return AsyncOutputWithSpans(output, *spans)
+        if isinstance(output, ModelRunnerOutput):  # a synchronous step: already waited for
+            req_ids, device_spans = spans
+            return wedlm_output(output, window_spans=dict(zip(req_ids, device_spans.tolist(), strict=True)))
+        return output
 
     def step_zero_windows(self, zero: np.ndarray, window_logits: torch.Tensor, rows_per_window: int,
                           sampled: torch.Tensor | None, width: int) -> torch.Tensor:

@@ -638,6 +638,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._first_windows, _ = self._in_flight.pop(id(scheduler_output), ({}, set()))
         drafted = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
+        spans = getattr(model_runner_output, "window_spans", None) or {}  # the device's (adaptive window)
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
@@ -650,7 +651,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             run = len(sampled[model_runner_output.req_id_to_index[req_id]])
             if req_id in self._lossless:
                 continue  # its verified run: KV written by this step, as vLLM counts accepted drafts
-            self._planned(req_id, scheduler_output, run)
+            self._planned(req_id, scheduler_output, run, spans.get(req_id))
             if not any(req_id in later for _, later in self._in_flight.values()):
                 request.num_computed_tokens -= run
             if req_id in self._windowed:
@@ -659,16 +660,19 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             self._planned(req_id, scheduler_output, 0)  # a first window, planned after its prompt: no run
         return super().update_from_output(scheduler_output, model_runner_output)
 
-    def _planned(self, req_id: str, scheduler_output, run: int) -> None:
+    def _planned(self, req_id: str, scheduler_output, run: int, span: int | None = None) -> None:
         """Bound the slots after the leading run (``run``) of the window a finished step planned for
-        ``req_id`` with W (its ``WINDOW_SIZES_ATTR``): W, or what the window before held after its
-        run, less this run (the plan keeps every fill, up to the last). A window of W 0 has no slot
-        after its run, but its step's run is its one draw: its bound is 1."""
+        ``req_id`` with W (its ``WINDOW_SIZES_ATTR``): the ``span`` the runner reports (the window's
+        length in the device's table, less that run: ``FixedRows.window_spans``), else W or what the
+        window before held after its run, less this run (the plan keeps every fill, up to the last).
+        A window of W 0 has no slot after its run, but its step's run is its one draw: its bound is 1."""
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
         request = self.requests.get(req_id)
         if chosen and req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
             window_size = chosen[req_id]
-            self._spans[req_id] = max(window_size, 1, self._spans.get(req_id, window_size) - run)
+            if span is None:
+                span = max(window_size, self._spans.get(req_id, window_size) - run)
+            self._spans[req_id] = max(span, 1)
 
 
 def zero_window_eligible(params) -> bool:

@@ -30,8 +30,10 @@ is its leading run alone, one row a step once it is at W 0, which draws the next
 run's last row (lab notebook 5.33). The scheduler says which requests may take it (``assign``'s
 ``zero_ok``: the window forwarded now has at most one slot after its run and the step is padded, so
 that the step commits at least one token for W 0 to draw from); each such request probes on its own
-(a whole window after ``PROBE_GAP`` windows of W 0, the gap doubling up to ``MAX_PROBE_GAP``), and
-W 0 forwards leave its reach as it was.
+(a whole window after ``PROBE_GAP`` windows of W 0, the gap doubling up to ``MAX_PROBE_GAP``), in
+the steps of a common clock (``ZERO_PROBE_PERIOD``), and W 0 forwards leave its reach as it was.
+The runner reports each planned window's slots after its run (``WeDLMRunnerOutput.window_spans``),
+so that a request whose probe filled nothing past its run is back at W 0 two steps later.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ STEP_TIME_WEIGHT = 0.2
 #: itself, and a run of the whole window is what makes text like counting pay (its runs: nothing,
 #: one token, or 12 to 16; lab notebook 5.29). Not yet timed on a GPU (5.29 ran probes of W 4).
 PROBE_GAP, MAX_PROBE_GAP = 4, 64
+#: A request at W 0 on fixed window rows probes (``WindowSizer._zero_windows``) only in steps whose
+#: count is a multiple of this, once its own gap has passed: the probes of a batch then fall in the
+#: same few steps, and the steps between forward windows of W 0 alone, which skip the window step
+#: (its host work is what a step of the async engine cannot hide at batch 64; BENCHMARKS.md 7.6).
+ZERO_PROBE_PERIOD = 16
 #: Window steps of a probe: a lossless request that held no window forwards only the token its AR step
 #: returned in the first (its window starts with the token drawn from that row), its window in the next.
 PROBE_STEPS = 2
@@ -126,6 +133,7 @@ class WindowSizer:
         self.zero_windows = zero_windows
         self.zero_streak: dict[str, int] = {}
         self.zero_gap: dict[str, int] = {}
+        self.steps = 0  # steps planned (``assign``): the probes' clock
         self.reaches: dict[str, list[float]] = {}  # req_id -> its reach [max_window] (core.window_policy)
         self.prior = full_reach(max_window)  # a new request's reach: the server's moving average
         # req_id -> W of the window the runner holds (or plans now); 0: none, the request steps AR.
@@ -187,6 +195,7 @@ class WindowSizer:
         attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
         the server's reach (``prior``). With ``zero_windows``, the requests ``zero_ok`` may plan a
         window of W 0 (``_zero_windows``)."""
+        self.steps += 1
         reaches = [self.reaches.get(r, self.prior) for r in planning]
         if planning and self.sizes_hint.keys() == set(planning):  # chosen by ``steps_ar`` for this batch
             sizes = [self.sizes_hint[req_id] for req_id in planning]
@@ -211,7 +220,8 @@ class WindowSizer:
                       zero_ok: set[str] | frozenset) -> list[int]:
         """``sizes`` with W 0 where ``core.window_policy.zero_windows`` gives it, but for a probe: a
         request at W 0 observes no window, so after ``PROBE_GAP`` of them (doubled each time W 0 still
-        wins afterwards, up to ``MAX_PROBE_GAP``) it plans one whole window instead."""
+        wins afterwards, up to ``MAX_PROBE_GAP``) it plans one whole window instead, in the next step
+        whose count is a multiple of ``ZERO_PROBE_PERIOD``."""
         zeroed = zero_windows(sizes, reaches, [req_id in zero_ok for req_id in planning])
         for i, req_id in enumerate(planning):
             if zeroed[i]:
@@ -221,7 +231,7 @@ class WindowSizer:
                 continue
             streak = self.zero_streak.get(req_id, 0) + 1
             gap = self.zero_gap.get(req_id, PROBE_GAP)
-            if streak > gap:
+            if streak > gap and self.steps % ZERO_PROBE_PERIOD == 0:
                 zeroed[i], streak = self.max_window, 0
                 self.zero_gap[req_id] = min(2 * gap, MAX_PROBE_GAP)
             self.zero_streak[req_id] = streak
