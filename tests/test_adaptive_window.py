@@ -217,26 +217,24 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
 def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypatch, preempted):
     """On fixed window rows a window that commits about one token falls to W 0 by itself (its
     leading run alone, one AR row: ``window_policy.zero_windows``) and comes back (a whole window,
-    a probe of its own, every few W 0 windows), where rows cost: the scheduler chooses on the
-    Qwen3-8B shape's cost curve (a tiny model's rows are nearly free). Every output, plain and
+    a probe of its own, every few W 0 windows), where rows cost: the scheduler chooses on a cost
+    curve where each row costs a tenth of a step's fixed time (a tiny model's rows are nearly free;
+    on the Qwen3-8B shape's curve a batch of 8 windows is below the knee, where W 2 pays, and
+    whether a window reaches W 0 then hangs on the timing of its step's output). Every output, plain and
     lossless (which keeps its windows), is the reference decoder's at the engine's W sequence, zeros
     included, in as many forwards; ``preempted``: through at least 10 preemptions, rows costing so
     much that plain windows sit at W 0 but for their probes, so that requests are preempted while at
     W 0 (a window of W 0 re-prefilled draws from its last row)."""
     from vllm import SamplingParams
 
-    from benchmarks.profile_steps import _choose_on_cost_curve
     from engines import kv_bytes_per_token
     from vllm_wedlm.adapter import scheduler, window_sizer
     from vllm_wedlm.core.window_policy import StepCost
 
-    monkeypatch.setattr(scheduler, "step_cost", scheduler.step_cost)  # put back after the test
+    cost = StepCost(1e-3, 1e-3 if preempted else 1e-4, 0)
+    monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: cost)
     # Probes in every 4th step rather than every 16th: these requests are short.
     monkeypatch.setattr(window_sizer, "ZERO_PROBE_PERIOD", 4)
-    if preempted:
-        monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: StepCost(1e-3, 1e-3, 0))
-    else:
-        _choose_on_cost_curve("qwen3-8b")
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("w0"), TinySpec(variant="qwen2", logit_scale=1.0))
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
@@ -269,6 +267,9 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     came_back = [0 in s and MAX_WINDOW in s[s.index(0):] for s in sizes]
     assert any(c for c, f in zip(came_back, lossless, strict=True) if not f), by_request
     assert not any(0 in s for s, f in zip(sizes, lossless, strict=True) if f), by_request
+    # ... and most of their windows were W 0 (70-74% on the CPU), where a row costs a tenth of a step.
+    plain = [w for s, f in zip(sizes, lossless, strict=True) if not f for w in s]
+    assert sum(w == 0 for w in plain) > len(plain) / 2, by_request
     if preempted:  # ... some of them while at W 0
         assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
         assert redrawn, redrawn
