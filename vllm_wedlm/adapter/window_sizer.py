@@ -74,7 +74,7 @@ STEP_TIME_WEIGHT = 0.2
 #: AR steps before a window step re-measures what windows commit; doubled while AR still wins, up to
 #: the most. A probe's windows are whole (the server's W): a shorter one cannot see a run longer than
 #: itself, and a run of the whole window is what makes text like counting pay (its runs: nothing,
-#: one token, or 12 to 16; lab notebook 5.29). Not yet timed on a GPU (5.29 ran probes of W 4).
+#: one token, or 12 to 16; lab notebook 5.29). Timed on an H200 in BENCHMARKS.md 7.3 (5.29 ran W 4).
 PROBE_GAP, MAX_PROBE_GAP = 4, 64
 #: A request at W 0 on fixed window rows probes (``WindowSizer._zero_windows``) only in steps whose
 #: count is a multiple of this, once its own gap has passed: the probes of a batch then fall in the
