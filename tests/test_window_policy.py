@@ -461,3 +461,40 @@ def test_w0_windows_probe_on_their_own():
     # Steps 16 and 32 (after 4 and then 8 W 0 windows); not 48: after the second probe the gap is 16
     # windows, 15 of them by step 48.
     assert set(seen) == {0, 16} and probe == [ZERO_PROBE_PERIOD - 1, 2 * ZERO_PROBE_PERIOD - 1], seen
+
+
+@pytest.mark.parametrize("batch", [64, 8])
+def test_w0_probes_grow_rarer_only_where_their_rows_cost(batch):
+    """A request at W 0 doubles the gap between its probes past ``MAX_PROBE_GAP`` only where a
+    probe's mask rows cost: on the Qwen3-8B shape's curve at batch 64 (a whole window's 16 rows
+    against a request's share of a step of W 0 windows) until its probes take at most
+    ``MAX_PROBE_SHARE`` of its time; at batch 8, below the curve's knee, the gap stops at
+    ``MAX_PROBE_GAP``. Gaps are counted in steps, each probe waiting for the common clock."""
+    from vllm_wedlm.adapter.window_sizer import (
+        MAX_PROBE_GAP,
+        MAX_PROBE_SHARE,
+        MAX_ZERO_PROBE_GAP,
+        ZERO_PROBE_PERIOD,
+        WindowSizer,
+    )
+
+    cost = step_cost(QWEN3_8B)
+    sizer = WindowSizer(16, cost, zero_windows=True)
+    longest = sizer.longest_zero_gap(batch, batch)  # a step of W 0 windows alone: one row each
+    if batch == 64:
+        probe = cost.seconds(batch + 16) - cost.seconds(batch)
+        assert MAX_PROBE_GAP < longest < MAX_ZERO_PROBE_GAP
+        assert probe / longest <= MAX_PROBE_SHARE * cost.seconds(batch) / batch < probe / (longest - 1)
+    else:
+        assert longest == MAX_PROBE_GAP
+    names = [f"r{i}" for i in range(batch)]
+    sizer.reaches.update(dict.fromkeys(names, reach_after([(1, 1)] * 20, 16)))
+    probes = []
+    for step in range(4 * longest + 200):
+        scheduled = SimpleNamespace()
+        if sizer.assign(scheduled, names, zero_ok=set(names))["r0"] == 16:
+            probes.append(step)
+        sizer.observe(scheduled, dict.fromkeys(names, 1))
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    # Steady: a probe after more than ``longest`` windows of W 0, at the clock's next tick.
+    assert max(gaps) == gaps[-1] and longest < gaps[-1] <= longest + 1 + ZERO_PROBE_PERIOD, (longest, gaps)

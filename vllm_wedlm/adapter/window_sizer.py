@@ -30,7 +30,8 @@ is its leading run alone, one row a step once it is at W 0, which draws the next
 run's last row (lab notebook 5.33). The scheduler says which requests may take it (``assign``'s
 ``zero_ok``: the window forwarded now has at most one slot after its run and the step is padded, so
 that the step commits at least one token for W 0 to draw from); each such request probes on its own
-(a whole window after ``PROBE_GAP`` windows of W 0, the gap doubling up to ``MAX_PROBE_GAP``), in
+(a whole window after ``PROBE_GAP`` windows of W 0, the gap doubling up to ``MAX_PROBE_GAP``, or
+further where probes' rows cost: ``longest_zero_gap``), in
 the steps of a common clock (``ZERO_PROBE_PERIOD``), and W 0 forwards leave its reach as it was.
 The runner reports each planned window's slots after its run (``WeDLMRunnerOutput.window_spans``),
 so that a request whose probe filled nothing past its run is back at W 0 two steps later.
@@ -38,6 +39,7 @@ so that a request whose probe filled nothing past its run is back at W 0 two ste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from vllm_wedlm.core.window_policy import (
@@ -81,6 +83,14 @@ PROBE_GAP, MAX_PROBE_GAP = 4, 64
 #: same few steps, and the steps between forward windows of W 0 alone, which skip the window step
 #: (its host work is what a step of the async engine cannot hide at batch 64; BENCHMARKS.md 7.6).
 ZERO_PROBE_PERIOD = 16
+#: Where a probe's rows cost (a compute-bound batch), a request at W 0 doubles its gap past
+#: ``MAX_PROBE_GAP`` until its probes, a whole window's mask rows each at the step-cost curve's price,
+#: take at most this share of the time of its own W 0 windows (``WindowSizer.longest_zero_gap``), up
+#: to ``MAX_ZERO_PROBE_GAP`` windows. On the Qwen3-8B shape at batch 64 a probe's 16 rows cost 0.34 ms
+#: against a request's 0.064 ms share of a step of W 0 windows: a gap of 269 windows. At gaps of at most 64 the probes
+#: were most of what kept that batch from 0.9x AR (BENCHMARKS.md 7.6). Where rows are free (below the
+#: knee, a host-bound model) the gap stays at most ``MAX_PROBE_GAP``.
+MAX_PROBE_SHARE, MAX_ZERO_PROBE_GAP = 0.02, 1024
 #: Window steps of a probe: a lossless request that held no window forwards only the token its AR step
 #: returned in the first (its window starts with the token drawn from that row), its window in the next.
 PROBE_STEPS = 2
@@ -220,9 +230,10 @@ class WindowSizer:
                       zero_ok: set[str] | frozenset) -> list[int]:
         """``sizes`` with W 0 where ``core.window_policy.zero_windows`` gives it, but for a probe: a
         request at W 0 observes no window, so after ``PROBE_GAP`` of them (doubled each time W 0 still
-        wins afterwards, up to ``MAX_PROBE_GAP``) it plans one whole window instead, in the next step
-        whose count is a multiple of ``ZERO_PROBE_PERIOD``."""
+        wins afterwards, up to ``longest_zero_gap``) it plans one whole window instead, in the next
+        step whose count is a multiple of ``ZERO_PROBE_PERIOD``."""
         zeroed = zero_windows(sizes, reaches, [req_id in zero_ok for req_id in planning])
+        rows, longest = len(planning) + sum(zeroed), None  # (the longest gap: asked where a probe is due)
         for i, req_id in enumerate(planning):
             if zeroed[i]:
                 if req_id in zero_ok:  # windows win where W 0 could be: they are measured as they run
@@ -232,10 +243,23 @@ class WindowSizer:
             streak = self.zero_streak.get(req_id, 0) + 1
             gap = self.zero_gap.get(req_id, PROBE_GAP)
             if streak > gap and self.steps % ZERO_PROBE_PERIOD == 0:
+                if longest is None:
+                    longest = self.longest_zero_gap(rows, len(planning))
                 zeroed[i], streak = self.max_window, 0
-                self.zero_gap[req_id] = min(2 * gap, MAX_PROBE_GAP)
+                self.zero_gap[req_id] = min(2 * gap, longest)
             self.zero_streak[req_id] = streak
         return zeroed
+
+    def longest_zero_gap(self, rows: float, batch: int) -> int:
+        """The most windows of W 0 between a request's probes in a step of ``rows`` rows for ``batch``
+        requests: ``MAX_PROBE_GAP``, or more where a probe's mask rows cost (``MAX_PROBE_SHARE``)."""
+        seconds = self.cost.seconds(rows)
+        probe = self.cost.seconds(rows + self.max_window) - seconds  # a whole window's mask rows, beyond
+        if probe <= 0:  # below the knee: free
+            return MAX_PROBE_GAP
+        share = MAX_PROBE_SHARE * seconds / batch  # the most a request's probes may take of a step
+        gap = math.ceil(probe / share) if share > 0 else MAX_ZERO_PROBE_GAP
+        return max(MAX_PROBE_GAP, min(gap, MAX_ZERO_PROBE_GAP))
 
     def observe(self, scheduler_output, runs: dict[str, int]) -> None:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
