@@ -170,11 +170,9 @@ class RunnerCounts:
                                    sampled_token_ids=[[7] * run for run in runs])
         if not self.spans:
             return output
-        windows = [self.requests[r] for r in out.scheduled_spec_decode_tokens]
         return wedlm_output(output, window_spans={
-            r: len(w.filled) - leading_run(w.filled) for r, w in zip(out.scheduled_spec_decode_tokens, windows,
-                                                                     strict=True)
-            if type(w) is WindowCounts})
+            r: len(w.filled) - leading_run(w.filled) for r in out.scheduled_spec_decode_tokens
+            if type(w := self.requests[r]) is WindowCounts})
 
     def _step(self, req_id: str, out, scheduler, in_flight: bool) -> int:
         """One request's part of a step (``in_flight``: its step before is not back); the run it returns."""

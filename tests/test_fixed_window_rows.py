@@ -173,7 +173,6 @@ def test_a_model_too_small_to_hide_the_host_schedules_synchronously_by_default()
         assert default_async_scheduling(requested, QWEN3_8B) is requested
 
 
-
 def test_async_output_brings_the_window_spans_with_vllms_output():
     """Under async scheduling the fixed-rows runner's spans (the slots after each planned window's
     leading run) ride on vLLM's async output: asked for, it is vLLM's output, every field as it was,

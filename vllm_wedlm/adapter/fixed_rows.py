@@ -26,7 +26,7 @@ import torch
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
-from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, wedlm_output
+from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
@@ -384,8 +384,7 @@ class FixedRows(RowLayout):
         if isinstance(output, AsyncModelRunnerOutput):  # copied behind the step, as vLLM copies its tokens
             return AsyncOutputWithSpans(output, *spans)
         if isinstance(output, ModelRunnerOutput):  # a synchronous step: already waited for
-            req_ids, device_spans = spans
-            return wedlm_output(output, window_spans=dict(zip(req_ids, device_spans.tolist(), strict=True)))
+            return with_window_spans(output, *spans)
         return output
 
     def step_zero_windows(self, zero: np.ndarray, window_logits: torch.Tensor, rows_per_window: int,

@@ -34,6 +34,12 @@ def wedlm_output(output: ModelRunnerOutput, **wedlm_fields) -> WeDLMRunnerOutput
     return WeDLMRunnerOutput(**{f.name: getattr(output, f.name) for f in fields(output)}, **wedlm_fields)
 
 
+def with_window_spans(output: ModelRunnerOutput, req_ids: list[str], spans: torch.Tensor) -> WeDLMRunnerOutput:
+    """``output`` with the spans of the windows of ``req_ids`` (``spans`` [Bw] int32, on the host or
+    waited for): ``WeDLMRunnerOutput.window_spans``."""
+    return wedlm_output(output, window_spans=dict(zip(req_ids, spans.tolist(), strict=True)))
+
+
 class AsyncOutputWithSpans(AsyncModelRunnerOutput):
     """vLLM's async output of a fixed-rows step, with the spans of the windows it planned
     (``WeDLMRunnerOutput.window_spans``) copied to the host behind the step, as vLLM copies its
@@ -51,4 +57,4 @@ class AsyncOutputWithSpans(AsyncModelRunnerOutput):
         output = self._output.get_output()
         if self._copied is not None:
             self._copied.synchronize()
-        return wedlm_output(output, window_spans=dict(zip(self._req_ids, self._spans.tolist(), strict=True)))
+        return with_window_spans(output, self._req_ids, self._spans)
