@@ -21,6 +21,7 @@ from vllm_wedlm.core.batch import (
     fill_masks,
     finish_windows,
     leading_filled,
+    plan_after_draw,
     plan_windows,
     reopen,
     slots_of_rows,
@@ -164,6 +165,32 @@ def assert_fixed_rows_finish_alike(plan, entropy: torch.Tensor, tokens: torch.Te
                      slots_of_rows(rows_tokens, plan.order, plan.num_commit), tau, lam, M)
     for name in ("tokens", "filled", "length"):
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
+
+
+@pytest.mark.parametrize("capacity", [2, 8, 32])
+def test_a_window_after_a_draw_plans_as_plan_windows_plans_it(capacity):
+    """``plan_after_draw`` (a window of W 0's next window, every step) gives ``plan_windows``' plan of
+    the same windows, slot for slot, for every W up to the capacity's half and every room left
+    before max_model_len (none, part of the window, all of it), with a limit per request or none."""
+    rng = random.Random(capacity)
+    batch = 64
+    draws = torch.tensor([rng.choice([t for t in range(V) if t != M]) for _ in range(batch)])
+    sizes = torch.tensor([rng.randint(0, capacity // 2) for _ in range(batch)])
+    committed = torch.tensor([rng.randint(0, 40) for _ in range(batch)])
+    rooms = torch.tensor([rng.choice([0, 1, rng.randint(0, capacity), 10_000]) for _ in range(batch)])
+    windows = WindowBatch.empty(batch, capacity, M)
+    windows.tokens[:, 0], windows.filled[:, 0] = draws, True
+    for limit in (committed + rooms, None):
+        expected = plan_windows(windows, sizes, committed, limit)
+        plan = plan_after_draw(draws, sizes, committed, limit, capacity, M)
+        assert torch.equal(plan.windows.tokens, expected.windows.tokens)
+        assert torch.equal(plan.windows.filled, expected.windows.filled)
+        assert torch.equal(plan.windows.length, expected.windows.length)
+        assert torch.equal(plan.order, expected.order)
+        assert torch.equal(plan.num_commit, expected.num_commit)
+        assert torch.equal(plan.num_masks, expected.num_masks)
+        assert torch.equal(plan.input_ids, expected.input_ids)
+    assert (rooms == 0).any() and (sizes == 0).any()  # the edges this test is for
 
 
 def test_every_window_fills_at_least_one_mask_and_ties_pick_the_first():

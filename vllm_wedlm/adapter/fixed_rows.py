@@ -357,8 +357,12 @@ class FixedRows(RowLayout):
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
                                               states)
         self.spans = None
-        if self.settings.adaptive_window and len(window_rows):
-            self.spans = [step.req_ids[i] for i in window_rows], self.window_spans(sampled, window_rows)
+        # The spans of the windows the window step planned; a window of W 0 plans its next window
+        # with its draw alone, W slots after it, which is the scheduler's own bound.
+        stepped = np.arange(len(window_rows)) if self.zero_windows is None else np.flatnonzero(~self.zero_windows[0])
+        if self.settings.adaptive_window and len(stepped):
+            self.spans = ([step.req_ids[window_rows[i]] for i in stepped],
+                          self.window_spans(sampled, window_rows, stepped))
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
@@ -366,16 +370,21 @@ class FixedRows(RowLayout):
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
 
-    def window_spans(self, sampled: torch.Tensor, window_rows: np.ndarray) -> torch.Tensor:
-        """[Bw] int32 device: how many slots follow the leading run of the window the step planned for
-        each of its windows (at batch ``window_rows``): its length in the table, less the run it
-        returns now (``sampled``, [B, width] or [Bw, width], -1 after each run). The scheduler bounds
-        it otherwise by every fill a wider window left (``WeDLMFixedRowsScheduler._planned``), so
-        that a window that shrank forwards rows for slots no longer there until they would all have
-        been committed: 15 steps after a probe of W 16 that filled nothing."""
-        if sampled.shape[0] != len(window_rows):
-            sampled = sampled[torch.from_numpy(window_rows).to(self.device, non_blocking=True)]
-        return (self.table.windows.length[self.forwarded[0]] - (sampled >= 0).sum(1)).to(torch.int32)
+    def window_spans(self, sampled: torch.Tensor, window_rows: np.ndarray, among: np.ndarray) -> torch.Tensor:
+        """[k] int32 device: how many slots follow the leading run of the window the step planned for
+        each of its windows ``among`` ([k], their index among the step's windows, at batch
+        ``window_rows`` [Bw]): its length in the table, less the run it returns now (``sampled``,
+        [B, width] or [Bw, width], -1 after each run). The scheduler bounds it otherwise by every
+        fill a wider window left (``WeDLMFixedRowsScheduler._planned``), so that a window that shrank
+        forwards rows for slots no longer there until they would all have been committed: 15 steps
+        after a probe of W 16 that filled nothing."""
+        rows = window_rows[among] if sampled.shape[0] != len(window_rows) else among
+        if len(rows) != sampled.shape[0]:
+            sampled = sampled[torch.from_numpy(rows).to(self.device, non_blocking=True)]
+        slots = self.forwarded[0]
+        if len(among) != len(window_rows):
+            slots = slots[torch.from_numpy(among).to(self.device, non_blocking=True)]
+        return (self.table.windows.length[slots] - (sampled >= 0).sum(1)).to(torch.int32)
 
     def runner_output(self, output):
         spans, self.spans = self.spans, None

@@ -41,6 +41,7 @@ from vllm_wedlm.core.batch import (
     fill_masks,
     finish_windows,
     leading_filled,
+    plan_after_draw,
     plan_windows,
     slots_of_rows,
     verify_dense,
@@ -136,13 +137,13 @@ def zero_window_step(draws: torch.Tensor, committed_len: torch.Tensor, window_si
     """The next windows of windows of W 0 (their leading run alone, whose KV the step wrote): each
     starts with its draw (``draws`` [B], the token drawn from its run's last row) filled in slot 0,
     after ``committed_len`` [B] tokens, planned with ``window_size`` [B] slots after it, as the
-    reference decoder's AR step leaves its next window. Returns the plan and the tokens each
-    returns now ([B, width] int32: its draw, its next leading run, -1 after it)."""
-    windows = WindowBatch.empty(draws.shape[0], capacity, mask_id, draws.device)
-    windows.tokens[:, 0] = draws
-    windows.filled[:, 0] = True
-    plan = plan_windows(windows, window_size, committed_len, limit)
-    return plan, leading_runs(plan, width)
+    reference decoder's AR step leaves its next window (``core.batch.plan_after_draw``). Returns the
+    plan and the tokens each returns now ([B, width] int32: its draw, which is its next leading
+    run, then -1)."""
+    plan = plan_after_draw(draws, window_size, committed_len, limit, capacity, mask_id)
+    returned = torch.full((draws.shape[0], width), -1, dtype=torch.int32, device=draws.device)
+    returned[:, 0] = draws
+    return plan, returned
 
 
 def check_rows(lossless: torch.Tensor, run: torch.Tensor, rows_per_window: int) -> torch.Tensor:

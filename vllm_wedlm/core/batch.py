@@ -120,6 +120,25 @@ def plan_windows(windows: WindowBatch, window_size: torch.Tensor | int, committe
     return BatchPlan(WindowBatch(windows.tokens, windows.filled, length), order, num_commit, num_masks)
 
 
+def plan_after_draw(draws: torch.Tensor, window_size: torch.Tensor, committed_len: torch.Tensor,
+                    limit: torch.Tensor | int | None, capacity: int, mask_id: int) -> BatchPlan:
+    """``plan_windows`` of windows that hold one token, filled in slot 0 (``draws`` [B]: the token an
+    AR row drew for each), with ``window_size`` [B] masks after it: the window a request starts from
+    after a draw (a window of W 0, its leading run alone, each step). The same plan in fewer
+    operations, for a step a batch of them takes every token: with one filled slot first, masks
+    next and padding last, the stable sort's order is the slot order, and the leading run is the draw."""
+    batch = draws.shape[0]
+    tokens = torch.full((batch, capacity), mask_id, dtype=torch.long, device=draws.device)  # [B, C]
+    tokens[:, 0] = draws
+    filled = torch.zeros(batch, capacity, dtype=torch.bool, device=draws.device)  # [B, C]
+    filled[:, 0] = True
+    length = window_size + 1  # [B]: the draw, then its masks (never below the fill: W >= 0)
+    if limit is not None:  # an empty window's length is 0: the room left, as plan_windows cuts it
+        length = torch.minimum(length, (limit - committed_len).clamp(min=0))
+    order = torch.arange(capacity, device=draws.device).expand(batch, capacity)  # [B, C]
+    return BatchPlan(WindowBatch(tokens, filled, length), order, torch.ones_like(length), length - 1)
+
+
 def finish_windows(windows: WindowBatch, num_commit: torch.Tensor, mask_entropy: torch.Tensor,
                    mask_tokens: torch.Tensor, entropy_threshold: torch.Tensor, pos_penalty: torch.Tensor,
                    mask_id: int, verified: WindowBatch | None = None,
