@@ -357,9 +357,13 @@ class FixedRows(RowLayout):
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
                                               states)
         self.spans = None
-        # The spans of the windows the window step planned; a window of W 0 plans its next window
-        # with its draw alone, W slots after it, which is the scheduler's own bound.
-        stepped = np.arange(len(window_rows)) if self.zero_windows is None else np.flatnonzero(~self.zero_windows[0])
+        # The spans of the plain windows the window step planned; a window of W 0 plans its next
+        # window with its draw alone, W slots after it, which is the scheduler's own bound, and a
+        # lossless window's rows are 2W whatever its span.
+        stepped = ~step.lossless[window_rows]  # [Bw]
+        if self.zero_windows is not None:
+            stepped &= ~self.zero_windows[0]
+        stepped = np.flatnonzero(stepped)
         if self.settings.adaptive_window and len(stepped):
             self.spans = ([step.req_ids[window_rows[i]] for i in stepped],
                           self.window_spans(sampled, window_rows, stepped))
@@ -407,12 +411,16 @@ class FixedRows(RowLayout):
         step, table = self.step, self.table
         w_slots, run, start, *_ = self.forwarded
         among = np.flatnonzero(zero)  # [Bz] their index among the windows
-        index = torch.from_numpy(np.concatenate([among, among * rows_per_window])).to(self.device, non_blocking=True)
-        windows, logits_rows = index.view(2, -1)
+        if len(among) == len(zero):  # every window of the step (the usual step at W 0): nothing to gather
+            windows, logits = slice(None), window_logits[::rows_per_window]  # [Bz, V]: each one's first row
+        else:
+            index = torch.from_numpy(np.concatenate([among, among * rows_per_window])).to(self.device,
+                                                                                         non_blocking=True)
+            windows, logits_rows = index.view(2, -1)
+            logits = window_logits[logits_rows]  # [Bz, V]
         draws_per_request = np.zeros(len(step.req_ids), np.int64)
         draws_per_request[np.flatnonzero(step.window)[among]] = 1
-        draws = sample(window_logits[logits_rows], self.sampling_batch(draws_per_request, draws_per_request),
-                       self.mask_id)  # [Bz]
+        draws = sample(logits, self.sampling_batch(draws_per_request, draws_per_request), self.mask_id)  # [Bz]
         committed_len = (start + run)[windows]  # [Bz]: the run's KV is written now
         plan, returned = zero_window_step(draws, committed_len, self.window_sizes[windows], table.capacity,
                                           self.max_model_len, self.mask_id, width)

@@ -637,38 +637,41 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         self._first_windows, _ = self._in_flight.pop(id(scheduler_output), ({}, set()))
         drafted = scheduler_output.scheduled_spec_decode_tokens
-        sampled = model_runner_output.sampled_token_ids
+        sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spans = getattr(model_runner_output, "window_spans", None) or {}  # the device's (adaptive window)
+        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}  # the W each window was planned with
+        # The requests whose next window step is in flight already (scheduled pipelined, before this
+        # output): that step forwards the run this one returns, void or not, and counted it when it
+        # was scheduled. Otherwise the run is still to be scheduled.
+        pipelined = set().union(*(later for _, later in self._in_flight.values()))
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
-                self._planned(req_id, scheduler_output, 0)  # (preempted: it keeps that window)
+                self._planned(req_id, chosen, request, 0)  # (preempted: it keeps that window)
                 continue
             # The run a window step returns is the next window's leading run, whose KV the
-            # request's next window step writes. If that step is in flight already (scheduled
-            # pipelined, before this output), it was counted computed when it was scheduled: its
-            # rows forward the run, void or not. Otherwise it is still to be scheduled.
-            run = len(sampled[model_runner_output.req_id_to_index[req_id]])
+            # request's next window step writes.
+            run = len(sampled[index[req_id]])
             if req_id in self._lossless:
                 continue  # its verified run: KV written by this step, as vLLM counts accepted drafts
-            self._planned(req_id, scheduler_output, run, spans.get(req_id))
-            if not any(req_id in later for _, later in self._in_flight.values()):
+            self._planned(req_id, chosen, request, run, spans.get(req_id))
+            if req_id not in pipelined:
                 request.num_computed_tokens -= run
             if req_id in self._windowed:
                 self._runs[req_id] = run
-        for req_id in set(getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or ()) - set(drafted):
-            self._planned(req_id, scheduler_output, 0)  # a first window, planned after its prompt: no run
+        for req_id in set(chosen) - set(drafted):
+            # a first window, planned after its prompt: no run
+            self._planned(req_id, chosen, self.requests.get(req_id), 0)
         return super().update_from_output(scheduler_output, model_runner_output)
 
-    def _planned(self, req_id: str, scheduler_output, run: int, span: int | None = None) -> None:
+    def _planned(self, req_id: str, chosen: dict[str, int], request, run: int, span: int | None = None) -> None:
         """Bound the slots after the leading run (``run``) of the window a finished step planned for
-        ``req_id`` with W (its ``WINDOW_SIZES_ATTR``): the ``span`` the runner reports (the window's
-        length in the device's table, less that run: ``FixedRows.window_spans``), else W or what the
-        window before held after its run, less this run (the plan keeps every fill, up to the last).
-        A window of W 0 has no slot after its run, but its step's run is its one draw: its bound is 1."""
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
-        request = self.requests.get(req_id)
-        if chosen and req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
+        ``req_id`` (``request``, None if gone) with W (``chosen``: the step's ``WINDOW_SIZES_ATTR``):
+        the ``span`` the runner reports (the window's length in the device's table, less that run:
+        ``FixedRows.window_spans``), else W or what the window before held after its run, less this
+        run (the plan keeps every fill, up to the last). A window of W 0 has no slot after its run,
+        but its step's run is its one draw: its bound is 1."""
+        if req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
             window_size = chosen[req_id]
             if span is None:
                 span = max(window_size, self._spans.get(req_id, window_size) - run)
