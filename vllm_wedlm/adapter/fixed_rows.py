@@ -357,16 +357,17 @@ class FixedRows(RowLayout):
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
                                               states)
         self.spans = None
-        # The spans of the plain windows the window step planned; a window of W 0 plans its next
-        # window with its draw alone, W slots after it, which is the scheduler's own bound, and a
-        # lossless window's rows are 2W whatever its span.
-        stepped = ~step.lossless[window_rows]  # [Bw]
-        if self.zero_windows is not None:
-            stepped &= ~self.zero_windows[0]
-        stepped = np.flatnonzero(stepped)
-        if self.settings.adaptive_window and len(stepped):
-            self.spans = ([step.req_ids[window_rows[i]] for i in stepped],
-                          self.window_spans(sampled, window_rows, stepped))
+        if self.settings.adaptive_window:
+            # The spans of the plain windows the window step planned; a window of W 0 plans its next
+            # window with its draw alone, W slots after it, which is the scheduler's own bound, and a
+            # lossless window's rows are 2W whatever its span.
+            stepped = ~step.lossless[window_rows]  # [Bw]
+            if self.zero_windows is not None:
+                stepped &= ~self.zero_windows[0]
+            stepped = np.flatnonzero(stepped)
+            if len(stepped):
+                self.spans = ([step.req_ids[window_rows[i]] for i in stepped],
+                              self.window_spans(sampled, window_rows, stepped))
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
