@@ -11,6 +11,8 @@ chunked re-prefill. The first batch is built so that requests start and finish a
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from conftest import build_checkpoint
@@ -179,7 +181,7 @@ def test_adaptive_windows_survive_preemption(checkpoint, fixed_rows, ar_steps):
 
 
 @pytest.mark.parametrize("logit_scale", [1.0, 100.0], ids=["uncertain", "confident"])
-def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
+def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, monkeypatch, logit_scale):
     """Windows on the synchronous engine take AR steps (W 0: vLLM's own step, every request one
     token) where they commit little, and come back (a probe every few AR steps); every output, plain
     and lossless, is the reference decoder's at the engine's W sequence, zeros included, in as many
@@ -187,6 +189,9 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     with the token drawn from the row of the token that step returned, as after a prompt.)"""
     from vllm import SamplingParams
 
+    from vllm_wedlm.adapter import scheduler
+
+    monkeypatch.setattr(scheduler, "LOG_INTERVAL_S", float("inf"))  # the log line's counts, never reset
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("ar-steps"),
                                   TinySpec(variant="qwen2", logit_scale=logit_scale))
     config = WeDLMConfig.from_pretrained(checkpoint)
@@ -200,6 +205,7 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps"))
         outputs, by_request, forwards = generate_traced(llm, PROMPTS, params)
         vllm_steps = sum(llm.collective_rpc("wedlm_vllm_steps")) - vllm_steps
+        log_counts = llm.llm_engine.engine_core.engine_core.scheduler.commit_stats
     replayed = assert_replayed(reference, outputs, by_request, [StopRule(max_tokens=n) for n in MAX_TOKENS], LOSSLESS)
     assert forwards == sum(expected.num_forwards for expected in replayed)
     # Requests stepped AR and came back to windows, lossless ones among them, and vLLM ran the AR
@@ -211,6 +217,10 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, logit_scale):
     # request-forward a denoising step, every token returned committed.
     assert counted["denoising steps"] == forwards
     assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)
+    # The engine's log line reports how W moved: each request-forward's W, an AR step's W 0 included
+    # (the W recorded for each request, less the window planned after its last forward, if any).
+    forwarded = Counter(w for o in outputs for s in [by_request[o.request_id]] for w in (s if s[-1] == 0 else s[:-1]))
+    assert log_counts.window_sizes == forwarded and forwarded.total() == forwards, (log_counts.window_sizes, forwarded)
 
 
 @pytest.mark.parametrize("preempted", [False, True], ids=["batch", "preemption"])
@@ -235,6 +245,7 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: cost)
     # Probes in every 4th step rather than every 16th: these requests are short.
     monkeypatch.setattr(window_sizer, "ZERO_PROBE_PERIOD", 4)
+    monkeypatch.setattr(scheduler, "LOG_INTERVAL_S", float("inf"))  # the log line's counts, never reset
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("w0"), TinySpec(variant="qwen2", logit_scale=1.0))
     config = WeDLMConfig.from_pretrained(checkpoint)
     reference = ReferenceDecoder(load_transformers_model(checkpoint), config.mask_token_id, MAX_WINDOW)
@@ -256,9 +267,11 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     with running_llm(checkpoint, in_process=True, dtype="float32", async_scheduling=True, additional_config=wedlm,
                      **engine) as llm:
         (before,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
+        counted = record_diffusion_counts(llm)
         outputs, by_request, forwards = generate_traced(llm, prompts, params)
         (after,) = [m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"]
         redrawn = llm.collective_rpc("wedlm_row_layouts")[0]["w0_redrawn"]
+        log_counts = llm.llm_engine.engine_core.engine_core.scheduler.commit_stats
     rules = [rule] * len(outputs) if preempted else [StopRule(max_tokens=n) for n in max_tokens]
     replayed = assert_replayed(reference, outputs, by_request, rules, lossless)
     assert forwards == sum(expected.num_forwards for expected in replayed)
@@ -270,6 +283,17 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     # ... and most of their windows were W 0 (70-74% on the CPU), where a row costs a tenth of a step.
     plain = [w for s, f in zip(sizes, lossless, strict=True) if not f for w in s]
     assert sum(w == 0 for w in plain) > len(plain) / 2, by_request
+    # The engine's log line reports how W moved: each request-forward's W (the W recorded for each
+    # request, less the window planned after its last forward).
+    forwarded = Counter(w for s in sizes for w in s[:-1])
+    assert log_counts.window_sizes == forwarded and forwarded.total() == forwards, (log_counts.window_sizes, forwarded)
+    zero_share = 100 * forwarded[0] / forwards
+    # ... and vLLM's diffusion counters count them as /metrics does: a W 0 window drawn from a
+    # re-prefill's last row is a request-forward too, its draw a committed token.
+    assert counted["denoising steps"] == forwards
+    assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert f"request-forwards of {log_counts.window_tokens} window tokens); their W: 0 {zero_share:.0f}%, 1 " in (
+        log_counts.line()), log_counts.line()
     if preempted:  # ... some of them while at W 0
         assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
         assert redrawn, redrawn

@@ -21,7 +21,8 @@ decoding:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -59,11 +60,19 @@ class CommitStats:
     request_forwards: int = 0
     committed_tokens: int = 0
     window_tokens: int = 0
+    # With the adaptive window: W -> the request-forwards of a window of that W (W 0: an AR step's
+    # forward, or a window of its leading run alone on fixed rows).
+    window_sizes: Counter[int] = field(default_factory=Counter)
 
     def line(self) -> str:
         tpf = self.committed_tokens / max(self.request_forwards, 1)
-        return (f"WeDLM decoding: {tpf:.2f} tokens per forward ({self.committed_tokens} tokens committed in "
+        line = (f"WeDLM decoding: {tpf:.2f} tokens per forward ({self.committed_tokens} tokens committed in "
                 f"{self.request_forwards} request-forwards of {self.window_tokens} window tokens)")
+        if self.window_sizes:  # e.g. "their W: 0 92%, 1 5%, 16 3%"
+            total = self.window_sizes.total()
+            shares = (f"{w} {100 * n / total:.0f}%" for w, n in sorted(self.window_sizes.items()))
+            line += "; their W: " + ", ".join(shares)
+        return line
 
 
 class WeDLMScheduler(Scheduler):
@@ -84,6 +93,7 @@ class WeDLMScheduler(Scheduler):
         # asked of every running request each step, so kept rather than read from its parameters.
         self._autoregressive: set[str] = set()
         self._forwarded: dict[str, int] = {}
+        self._forwarded_sizes: dict[str, int] = {}
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
         self._first_windows: dict[str, int] = {}
@@ -282,14 +292,13 @@ class WeDLMScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         # req_id -> window slots forwarded (a first window's prompt rows are not)
         self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
+        # req_id -> W of the window forwarded (the adaptive window), for the log line
+        self._forwarded_sizes = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
         self._window_stats = {}
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
-        # (W 0 is an AR step here; on fixed rows a window's own, counted as any window's forward.)
-        stepping_ar = ([req_id for req_id, window_size in chosen.items() if window_size == 0]
-                       if self.takes_ar_steps else [])
-        if stepping_ar:  # an AR step's forwards: a request-forward each, its token counted once appended
-            scheduled = scheduler_output.num_scheduled_tokens
-            stats = self._ar_step_forwards(len(stepping_ar), sum(scheduled.get(req_id, 0) for req_id in stepping_ar))
+        stepping_ar = self._undrafted_forwards(scheduler_output, chosen)
+        if stepping_ar:  # forwards of W 0 without drafts: a request-forward each, its token counted once appended
+            stats = self._ar_step_forwards(len(stepping_ar), sum(stepping_ar.values()))
             self._window_stats.update(dict.fromkeys(stepping_ar, stats))
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
@@ -318,6 +327,15 @@ class WeDLMScheduler(Scheduler):
             logger.info(self.commit_stats.line())
             self.commit_stats, self._last_log = CommitStats(), now
         return outputs
+
+    def _undrafted_forwards(self, scheduler_output, chosen: dict[str, int]) -> dict[str, int]:
+        """The forwards of W 0 in a finished step that had no drafts (so vLLM counts none of them),
+        with their rows: here an AR step's (``chosen``: the step's ``WINDOW_SIZES_ATTR``), each
+        request's leading run. On fixed rows W 0 is a window's own, counted as any window's forward."""
+        if not self.takes_ar_steps:
+            return {}
+        scheduled = scheduler_output.num_scheduled_tokens
+        return {req_id: scheduled.get(req_id, 0) for req_id, window_size in chosen.items() if window_size == 0}
 
     def _update_request_with_output(self, request, new_token_ids):
         # A window's run in one pass rather than vLLM's token-by-token loop (run_output.py).
@@ -367,6 +385,7 @@ class WeDLMScheduler(Scheduler):
         statistics only from requests with drafts, and an AR step has none: these wait for
         ``make_stats``."""
         self._ar_step_stats = self._count_forward(self._ar_step_stats, rows, forwards)
+        self.commit_stats.window_sizes[0] += forwards
         return self._ar_step_stats
 
     def _count_forward(self, stats: SpecDecodingStats | None, rows: int, forwards: int = 1) -> SpecDecodingStats | None:
@@ -405,6 +424,8 @@ class WeDLMScheduler(Scheduler):
         # appended (``_count_returned``), from what the request keeps.
         window_tokens = self._forwarded.get(request_id, num_draft_tokens)  # the leading run, then the drafts
         counted = self._count_forward(spec_decoding_stats, window_tokens)
+        if self._sizer is not None:
+            self.commit_stats.window_sizes[self._forwarded_sizes.get(request_id, self.wedlm.window_size)] += 1
         self._window_stats[request_id] = counted
         return spec_decoding_stats if counted is None else counted
 
@@ -480,7 +501,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
         # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
         # whose window (drafts) it forwards.
-        self._in_flight: dict[int, tuple[dict[str, int], set[str]]] = {}
+        self._in_flight: dict[int, tuple[dict[str, int], set[str], list[str]]] = {}
+        # The requests whose window of W 0 the step being updated drew from a re-prefill's last row.
+        self._redrawn: list[str] = []
         # The most slots after the leading run of a plain window running now (``MASK_ROWS_ATTR``).
         self._mask_rows = 0
         # Whether the gate padded this step's windows (``PADDED_ATTR``).
@@ -618,7 +641,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         setattr(scheduler_output, MASK_ROWS_ATTR, max([self._mask_rows, 1, *self._first_windows.values()]))
         setattr(scheduler_output, PADDED_ATTR, self._padded)
         windows = set(scheduler_output.scheduled_spec_decode_tokens)
-        self._in_flight[id(scheduler_output)] = (self._first_windows, windows)
+        redrawn = []
         forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
@@ -632,10 +655,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                     # Re-prefilled after a preemption while its window had W 0: the step draws from its
                     # last row, as that window's forward would have, and returns the draw.
                     request.num_output_placeholders += 1
+                    redrawn.append(req_id)
                 self._windowed.add(req_id)
+        self._in_flight[id(scheduler_output)] = (self._first_windows, windows, redrawn)
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._first_windows, _ = self._in_flight.pop(id(scheduler_output), ({}, set()))
+        self._first_windows, _, self._redrawn = self._in_flight.pop(id(scheduler_output), ({}, set(), []))
         drafted = scheduler_output.scheduled_spec_decode_tokens
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spans = getattr(model_runner_output, "window_spans", None) or {}  # the device's (adaptive window)
@@ -643,7 +668,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # The requests whose next window step is in flight already (scheduled pipelined, before this
         # output): that step forwards the run this one returns, void or not, and counted it when it
         # was scheduled. Otherwise the run is still to be scheduled.
-        pipelined = set().union(*(later for _, later in self._in_flight.values()))
+        pipelined = set().union(*(later for _, later, _ in self._in_flight.values()))
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
@@ -663,6 +688,10 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # a first window, planned after its prompt: no run
             self._planned(req_id, chosen, self.requests.get(req_id), 0)
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _undrafted_forwards(self, scheduler_output, chosen: dict[str, int]) -> dict[str, int]:
+        # A window of W 0 re-prefilled after a preemption: its forward is its draw's row.
+        return dict.fromkeys(self._redrawn, 1)
 
     def _planned(self, req_id: str, chosen: dict[str, int], request, run: int, span: int | None = None) -> None:
         """Bound the slots after the leading run (``run``) of the window a finished step planned for
