@@ -219,7 +219,8 @@ def test_windows_fall_to_ar_steps_and_come_back(tmp_path_factory, monkeypatch, l
     assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)
     # The engine's log line reports how W moved: each request-forward's W, an AR step's W 0 included
     # (the W recorded for each request, less the window planned after its last forward, if any).
-    forwarded = Counter(w for o in outputs for s in [by_request[o.request_id]] for w in (s if s[-1] == 0 else s[:-1]))
+    sizes = [by_request[o.request_id] for o in outputs]
+    forwarded = Counter(w for s in sizes for w in (s if s[-1] == 0 else s[:-1]))
     assert log_counts.window_sizes == forwarded and forwarded.total() == forwards, (log_counts.window_sizes, forwarded)
 
 
@@ -288,12 +289,12 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     forwarded = Counter(w for s in sizes for w in s[:-1])
     assert log_counts.window_sizes == forwarded and forwarded.total() == forwards, (log_counts.window_sizes, forwarded)
     zero_share = 100 * forwarded[0] / forwards
+    assert f"request-forwards of {log_counts.window_tokens} window tokens); their W: 0 {zero_share:.0f}%, 1 " in (
+        log_counts.line()), log_counts.line()
     # ... and vLLM's diffusion counters count them as /metrics does: a W 0 window drawn from a
     # re-prefill's last row is a request-forward too, its draw a committed token.
     assert counted["denoising steps"] == forwards
     assert counted["committed tokens"] == sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert f"request-forwards of {log_counts.window_tokens} window tokens); their W: 0 {zero_share:.0f}%, 1 " in (
-        log_counts.line()), log_counts.line()
     if preempted:  # ... some of them while at W 0
         assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
         assert redrawn, redrawn

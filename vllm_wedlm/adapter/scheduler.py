@@ -93,15 +93,16 @@ class WeDLMScheduler(Scheduler):
         # asked of every running request each step, so kept rather than read from its parameters.
         self._autoregressive: set[str] = set()
         self._forwarded: dict[str, int] = {}
-        self._forwarded_sizes: dict[str, int] = {}
+        self._forwarded_sizes: dict[str, int] = {}  # req_id -> W of the window forwarded (the log line's)
         # req_id -> the first window's slots, for the requests whose first window rode with their
         # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
         self._first_windows: dict[str, int] = {}
         # req_id -> the step's statistics (None when not logged), for each request whose window the
         # step being updated forwarded: its committed tokens are counted once its output is appended.
         self._window_stats: dict[str, SpecDecodingStats | None] = {}
-        # The diffusion counters of an AR step's forwards (W 0), until vLLM makes the step's stats.
-        self._ar_step_stats: SpecDecodingStats | None = None
+        # The diffusion counters of a step's forwards of W 0 without drafts (an AR step's, a W 0 window
+        # drawn from a re-prefill), until vLLM makes the step's stats.
+        self._undrafted_stats: SpecDecodingStats | None = None
         # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
         self._held_prompt_logprobs: dict[str, object] = {}
         self._last_log = time.monotonic()
@@ -296,10 +297,10 @@ class WeDLMScheduler(Scheduler):
         self._forwarded_sizes = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
         self._window_stats = {}
         chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
-        stepping_ar = self._undrafted_forwards(scheduler_output, chosen)
-        if stepping_ar:  # forwards of W 0 without drafts: a request-forward each, its token counted once appended
-            stats = self._ar_step_forwards(len(stepping_ar), sum(stepping_ar.values()))
-            self._window_stats.update(dict.fromkeys(stepping_ar, stats))
+        undrafted = self._undrafted_forwards(scheduler_output, chosen)
+        if undrafted:  # forwards of W 0 without drafts: a request-forward each, its token counted once appended
+            stats = self._count_undrafted(len(undrafted), sum(undrafted.values()))
+            self._window_stats.update(dict.fromkeys(undrafted, stats))
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             # vLLM will count these as accepted drafts (KV written); their KV is written next step.
             for req_id, count in model_runner_output.unforwarded.items():
@@ -379,14 +380,13 @@ class WeDLMScheduler(Scheduler):
                 stats.num_accepted_tokens += len(appended[0])
         return appended
 
-    def _ar_step_forwards(self, forwards: int, rows: int) -> SpecDecodingStats | None:
-        """Count the ``forwards`` requests' forwards of an AR step (W 0, ``rows`` rows in all: their
-        leading runs) as windows' forwards are counted (``_count_forward``). vLLM makes a step's
-        statistics only from requests with drafts, and an AR step has none: these wait for
-        ``make_stats``."""
-        self._ar_step_stats = self._count_forward(self._ar_step_stats, rows, forwards)
+    def _count_undrafted(self, forwards: int, rows: int) -> SpecDecodingStats | None:
+        """Count ``forwards`` forwards of W 0 without drafts (``_undrafted_forwards``, ``rows`` rows in
+        all) as windows' forwards are counted (``_count_forward``). vLLM makes a step's statistics
+        only from requests with drafts: these wait for ``make_stats``."""
+        self._undrafted_stats = self._count_forward(self._undrafted_stats, rows, forwards)
         self.commit_stats.window_sizes[0] += forwards
-        return self._ar_step_stats
+        return self._undrafted_stats
 
     def _count_forward(self, stats: SpecDecodingStats | None, rows: int, forwards: int = 1) -> SpecDecodingStats | None:
         """Count ``forwards`` request-forwards of ``rows`` rows in all in the log line and, where
@@ -406,8 +406,8 @@ class WeDLMScheduler(Scheduler):
         return stats
 
     def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None, cudagraph_stats=None, perf_stats=None):
-        # The step's AR forwards (``_ar_step_forwards``) join its window forwards' counts.
-        ar_step, self._ar_step_stats = self._ar_step_stats, None
+        # The step's forwards without drafts (``_count_undrafted``) join its window forwards' counts.
+        ar_step, self._undrafted_stats = self._undrafted_stats, None
         if ar_step is not None and spec_decoding_stats is None:
             spec_decoding_stats = ar_step
         elif ar_step is not None:
