@@ -62,16 +62,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="WeDLM checkpoint (default: a tiny local random one)")
     parser.add_argument("--modes", default="ar,ngram,wedlm:0.2,wedlm:0.4,wedlm:0.8",
                         help="comma-separated: ar, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU], wedlm-ar; "
-                             "+async or +sync after a WeDLM one for that scheduling (none: the engine's default)")
+                             "+wN after a WeDLM one for a fixed W N (none: the engine's default, the adaptive "
+                             "window), then +async or +sync for that scheduling (none: the engine's default)")
     parser.add_argument("--kinds", default="counting,arithmetic,code,prose",
                         help="task kinds, of counting, arithmetic, code, prose, humaneval (pass@1 in a sandbox)")
     parser.add_argument("--requests", type=int, default=32, help="prompts per task kind")
     parser.add_argument("--shots", default="0", help="solved examples before each prompt (prompt-length sweep)")
     parser.add_argument("--max-tokens", default="256", help="output token limits (output-length sweep)")
     parser.add_argument("--ignore-eos", action="store_true", help="always produce max_tokens tokens")
-    parser.add_argument("--window-size", type=int, default=16, help="WeDLM's W, server-wide")
+    parser.add_argument("--window-size", type=int,
+                        help="a fixed W for every WeDLM engine but +auto ones (default: the engine's, the adaptive "
+                             "window at most 16)")
     parser.add_argument("--window-tokens", type=int,
-                        help="adaptive window: undecided slots per step, W at most --window-size (default: fixed W)")
+                        help="adaptive window's knee: window rows a step takes at no extra cost, W at most "
+                             "--window-size (default: the model's)")
     parser.add_argument("--max-model-len", type=int, help="default: the model's own")
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--json", required=True, help="write the results here")

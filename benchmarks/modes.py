@@ -17,10 +17,12 @@
   ``--no-async-scheduling`` (exact window rows); without one, the engine's default (on a GPU, async
   scheduling for a model whose forward hides the host's work, synchronous for a smaller one:
   ``adapter/async_gate.py``; on a CPU, synchronous). Each result row records the scheduling that ran;
-* a ``+auto`` suffix on a WeDLM or lossless mode (``wedlm:0.4+auto``, before any ``+async``):
-  its engine sizes each request's window per step (``--wedlm-window-size auto``, or with
-  ``--window-tokens`` that knee and ``--window-size`` as the most); without it, W is fixed, unless
-  ``--window-tokens`` is given, which makes every WeDLM engine adaptive.
+* the window: a WeDLM or lossless mode runs the engine's default, the adaptive window (each request's
+  W per step, at most 16), unless the run gives ``--window-size N`` (a fixed W N for every WeDLM
+  engine) or ``--window-tokens`` (that knee, at most ``--window-size``). A ``+wN`` suffix
+  (``wedlm:0.4+w16``, before any ``+async``) fixes W N for that mode's engine whatever the run's
+  flags; a ``+auto`` suffix keeps the adaptive window where ``--window-size`` would fix it. Each
+  result row records the window settings its engine ran (``window_settings``).
 
 All WeDLM, lossless and ``wedlm-ar`` modes of the same suffixes share one engine (all are per-request
 knobs); AR and each n-gram setting need their own.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -39,14 +42,16 @@ from vllm_wedlm.config import (
     REQUEST_DECODING,
     REQUEST_ENTROPY_THRESHOLD,
     REQUEST_LOSSLESS,
+    WeDLMSettings,
     max_window_tokens,
 )
-from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE
+from vllm_wedlm.core.params import DEFAULT_WINDOW_SIZE, validate_window_size
 
 DEFAULT_NGRAM_TOKENS = 4
 #: Suffix -> the engine's scheduling: vLLM's --async-scheduling / --no-async-scheduling.
 SCHEDULING_SUFFIXES = {"+async": "async", "+sync": "sync"}
 ADAPTIVE_SUFFIX = "+auto"
+FIXED_WINDOW_SUFFIX = re.compile(r"\+w(\d+)$")  # "+w16": a fixed W of 16
 FILL_ALL = 1e9  # above any entropy (at most log(vocab)): every mask fills
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM's switch of runner; "0": its V1 runner
 
@@ -60,7 +65,8 @@ class Mode:
     lossless: bool = False  # WeDLM requests whose fills are verified (AR's output)
     scheduling: str | None = None  # a WeDLM engine's: "async", "sync" or None (the engine's default)
     per_request_ar: bool = False  # requests decoded AR on a WeDLM engine (one token per forward)
-    adaptive: bool = False  # a WeDLM engine whose windows size themselves (``core/window_policy.py``)
+    adaptive: bool = False  # ``+auto``: the adaptive window even where the run fixes W (--window-size)
+    fixed_window: int | None = None  # ``+wN``: a fixed W of N for this mode's engine
     v1_runner: bool = False  # an AR engine on vLLM's V1 model runner
 
     @property
@@ -76,21 +82,39 @@ class Mode:
         if self.v1_runner:
             return self.name
         return (self.decoding + (ADAPTIVE_SUFFIX if self.adaptive else "")
+                + (f"+w{self.fixed_window}" if self.fixed_window else "")
                 + (f"+{self.scheduling}" if self.scheduling else ""))
 
-    def additional_config(self, window_size: int, window_tokens: int | None = None) -> dict:
-        """``window_tokens``: the adaptive window's knee (WINDOW_TOKENS_KEY; it makes W adaptive),
-        None = the model's knee where the mode is adaptive, else a fixed W."""
+    def additional_config(self, window_size: int | None = None, window_tokens: int | None = None) -> dict:
+        """The engine's WeDLM settings. ``window_size``: the run's ``--window-size`` (None: not given),
+        a fixed W for every WeDLM engine, or with ``window_tokens`` (the adaptive window's knee) the
+        most W; neither: the engine's default, the adaptive window. A ``+wN`` mode fixes its own."""
         if self.decoding != "wedlm":
             return {"decoding": "ar"}
+        if self.fixed_window is not None:
+            return {"decoding": "wedlm", "window_size": self.fixed_window}
         if window_tokens is not None:
-            return {"decoding": "wedlm", "window_size": window_size, "window_tokens": window_tokens}
-        if self.adaptive:
-            if window_size != DEFAULT_WINDOW_SIZE:
-                raise ValueError(f"{self.name}: an adaptive window of at most W {window_size} needs --window-tokens "
-                                 f"(its knee); '{AUTO_WINDOW}' means at most {DEFAULT_WINDOW_SIZE}")
-            return {"decoding": "wedlm", "window_size": AUTO_WINDOW}
-        return {"decoding": "wedlm", "window_size": window_size}
+            return {"decoding": "wedlm", "window_size": widest_window(window_size), "window_tokens": window_tokens}
+        if window_size is not None and not self.adaptive:
+            return {"decoding": "wedlm", "window_size": window_size}
+        if widest_window(window_size) != DEFAULT_WINDOW_SIZE:
+            raise ValueError(f"{self.name}: an adaptive window of at most W {window_size} needs --window-tokens "
+                             f"(its knee); '{AUTO_WINDOW}' means at most {DEFAULT_WINDOW_SIZE}")
+        return {"decoding": "wedlm"}  # the engine's default: the adaptive window
+
+    def window_settings(self, window_size: int | None = None, window_tokens: int | None = None) -> dict:
+        """What a result row records of the window its engine ran (None for AR engines): the W (the
+        most, where adaptive), whether it was adaptive, and its knee, read as the engine reads them."""
+        config = self.additional_config(window_size, window_tokens)
+        if config["decoding"] != "wedlm":
+            return {"window_size": None, "adaptive_window": None, "window_tokens": None}
+        settings = WeDLMSettings.from_additional_config(config)
+        return {"window_size": settings.window_size, "adaptive_window": settings.adaptive_window,
+                "window_tokens": settings.window_tokens}
+
+    def widest_window(self, window_size: int | None = None) -> int:
+        """The most slots a window of this mode's engine may have."""
+        return self.fixed_window or widest_window(window_size)
 
     def speculative_config(self) -> dict | None:
         if not self.ngram_tokens:
@@ -109,11 +133,15 @@ class Mode:
 
 def parse_mode(text: str) -> Mode:
     text = text.strip()
-    if text.endswith(ADAPTIVE_SUFFIX):
-        mode = parse_mode(text[: -len(ADAPTIVE_SUFFIX)])
-        if not mode.windows or mode.scheduling:
-            raise ValueError(f"{ADAPTIVE_SUFFIX} is for WeDLM and lossless modes, before any +async or +sync: {text!r}")
-        return replace(mode, name=mode.name + ADAPTIVE_SUFFIX, adaptive=True)
+    fixed = FIXED_WINDOW_SUFFIX.search(text)
+    if text.endswith(ADAPTIVE_SUFFIX) or fixed:
+        suffix = fixed.group(0) if fixed else ADAPTIVE_SUFFIX
+        mode = parse_mode(text[: -len(suffix)])
+        if not mode.windows or mode.scheduling or mode.adaptive or mode.fixed_window:
+            raise ValueError(f"{suffix} is for WeDLM and lossless modes, once, before any +async or +sync: {text!r}")
+        if fixed:
+            return replace(mode, name=mode.name + suffix, fixed_window=validate_window_size(int(fixed.group(1))))
+        return replace(mode, name=mode.name + suffix, adaptive=True)
     for suffix, scheduling in SCHEDULING_SUFFIXES.items():
         if text.endswith(suffix):
             mode = parse_mode(text[: -len(suffix)])
@@ -142,7 +170,7 @@ def parse_mode(text: str) -> Mode:
             raise ValueError(f"WeDLM threshold must be a non-negative number or 'inf': {text!r}")
         return Mode(f"{kind}:{arg}", "wedlm", entropy_threshold=tau, lossless=lossless)
     raise ValueError(f"unknown mode {text!r}: use ar, ar-v1, ngram[:K], wedlm[:TAU], wedlm:inf, lossless[:TAU] or "
-                     "wedlm-ar, the WeDLM ones with +auto, +async or +sync")
+                     "wedlm-ar, the WeDLM ones with +wN, +auto, +async or +sync")
 
 
 @contextmanager
@@ -177,14 +205,14 @@ def parse_window_size(text: str) -> int | str:
 
 def widest_window(window_size: int | str | None) -> int:
     """The most slots a window of ``window_size`` may have: an adaptive one's (``auto``) and the
-    server's default (None) are the default W's."""
+    server's default (None, the adaptive window) are the default W's."""
     return window_size if isinstance(window_size, int) else DEFAULT_WINDOW_SIZE
 
 
-def token_budget(max_batch: int, window_size: int) -> int:
+def token_budget(max_batch: int, window_size: int | str | None) -> int:
     """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows fits one
     step, and AR gets the same budget."""
-    return max(8192, max_batch * max_window_tokens(window_size))
+    return max(8192, max_batch * max_window_tokens(widest_window(window_size)))
 
 
 def by_engine(modes: list[Mode]) -> dict[str, list[Mode]]:

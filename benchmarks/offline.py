@@ -34,14 +34,14 @@ def engine_scheduling(llm) -> dict[str, str]:
             "window_rows": "fixed" if fixed else "exact"}
 
 
-def engine_settings(mode: Mode, window_size: int, max_batch: int, overrides: dict[str, Any],
+def engine_settings(mode: Mode, window_size: int | None, max_batch: int, overrides: dict[str, Any],
                     window_tokens: int | None = None) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments of a mode's engine; the same for every mode but the mode's own."""
     settings = engine_kwargs(**overrides)
     settings["additional_config"] = mode.additional_config(window_size, window_tokens)
     settings["max_num_seqs"] = max_batch
     # Every WeDLM window of a full batch fits one step, whatever the mode.
-    settings.setdefault("max_num_batched_tokens", token_budget(max_batch, window_size))
+    settings.setdefault("max_num_batched_tokens", token_budget(max_batch, mode.widest_window(window_size)))
     if mode.scheduling:
         settings["async_scheduling"] = mode.scheduling == "async"
     if mode.ngram_tokens:
@@ -80,7 +80,7 @@ def sampling_params(mode: Mode, max_tokens: int, ignore_eos: bool, structured: s
 
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, batch_sizes: list[int],
-        max_tokens: list[int], ignore_eos: bool, window_size: int,
+        max_tokens: list[int], ignore_eos: bool, window_size: int | None,
         engine_overrides: dict[str, Any], progress, repeats: int = 1, window_tokens: int | None = None,
         interleave: bool = False, structured: tuple[str, ...] = ("none",)) -> list[dict]:
     """One row per mode x shots x max_tokens x batch size x task kind (``workloads``: by shots), each
@@ -120,7 +120,7 @@ def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Promp
 class _Measurement:
     """The rows of every point, timed for the engines given to ``run``."""
 
-    def __init__(self, settings: list, total: int, repeats: int, ignore_eos: bool, window_size: int,
+    def __init__(self, settings: list, total: int, repeats: int, ignore_eos: bool, window_size: int | None,
                  window_tokens: int | None, progress):
         self.settings, self.total, self.repeats, self.progress = settings, total, repeats, progress
         self.ignore_eos, self.window_size, self.window_tokens = ignore_eos, window_size, window_tokens
@@ -141,8 +141,8 @@ class _Measurement:
             for repeat in range(self.repeats):
                 for mode, llm, counter in runs:
                     # The W of every window an adaptive engine plans, recorded in the last repeat.
-                    traced = mode.windows and (mode.adaptive or self.window_tokens is not None) and (
-                        repeat == self.repeats - 1)
+                    traced = mode.windows and mode.window_settings(self.window_size, self.window_tokens)[
+                        "adaptive_window"] and repeat == self.repeats - 1
                     if traced:
                         start_window_trace(llm)
                     params = sampling_params(mode, limit, self.ignore_eos, structured)
@@ -178,9 +178,7 @@ class _Measurement:
         wedlm = mode.decoding == "wedlm"
         row = {
             "mode": mode.name, "kind": kind, "batch_size": batch_size, "shots": shots,
-            "max_tokens": limit, "window_size": self.window_size if wedlm else None,
-            "window_tokens": self.window_tokens if wedlm else None,
-            "adaptive_window": (mode.adaptive or self.window_tokens is not None) if wedlm else None,
+            "max_tokens": limit, **mode.window_settings(self.window_size, self.window_tokens),
             "requests": len(outputs),
             "prompt_tokens": round(sum(len(o.prompt_token_ids) for o in outputs) / len(outputs), 1),
             "output_tokens": tokens, "seconds": round(seconds, 4),

@@ -35,15 +35,18 @@ class Measured:
     text: str
 
 
-def serve_args(mode: Mode, window_size: int, max_concurrency: int, extra: list[str],
+def serve_args(mode: Mode, window_size: int | None, max_concurrency: int, extra: list[str],
                window_tokens: int | None = None) -> list[str]:
+    """``vllm serve`` flags of a mode's server: a WeDLM server without a window flag runs the default
+    (the adaptive window)."""
     args = ["--decoding", mode.decoding, "--max-num-seqs", str(max_concurrency),
-            "--max-num-batched-tokens", str(token_budget(max_concurrency, window_size))]
+            "--max-num-batched-tokens", str(token_budget(max_concurrency, mode.widest_window(window_size)))]
     if mode.decoding == "wedlm":
         config = mode.additional_config(window_size, window_tokens)
-        args += ["--wedlm-window-size", str(config["window_size"])]
-        if window_tokens is not None:
-            args += ["--wedlm-window-tokens", str(window_tokens)]
+        if "window_size" in config:
+            args += ["--wedlm-window-size", str(config["window_size"])]
+        if "window_tokens" in config:
+            args += ["--wedlm-window-tokens", str(config["window_tokens"])]
     if mode.scheduling:
         args.append("--async-scheduling" if mode.scheduling == "async" else "--no-async-scheduling")
     if mode.ngram_tokens:
@@ -98,7 +101,7 @@ def _tokens_per_forward(mode: Mode, before: dict, after: dict, tokens: int) -> f
 
 
 def run(model: str, modes: list[Mode], workloads: dict[int, dict[str, list[Prompt]]], *, concurrencies: list[int],
-        requests: int, max_tokens: list[int], ignore_eos: bool, window_size: int,
+        requests: int, max_tokens: list[int], ignore_eos: bool, window_size: int | None,
         serve_extra: list[str], log_dir: Path | None, progress, window_tokens: int | None = None,
         interleave: bool = False) -> list[dict]:
     """One row per mode x shots x max_tokens x concurrency x task kind (``workloads``: by shots).
@@ -159,19 +162,16 @@ def server_scheduling(log_text: str) -> dict[str, str]:
 
 
 def _point(model: str, url: str, mode: Mode, kind: str, shots: int, limit: int, concurrency: int, batch: list[Prompt],
-           ignore_eos: bool, window_size: int, window_tokens: int | None) -> dict:
+           ignore_eos: bool, window_size: int | None, window_tokens: int | None) -> dict:
     """One mode's row at one point: ``batch`` sent to the server at ``url``, ``concurrency`` at a time."""
     bodies = [_body(model, p, mode, limit, ignore_eos) for p in batch]
     before = prometheus_counters(url, "vllm:")
     measured, wall = asyncio.run(_load(url, bodies, concurrency))
     tokens = sum(m.tokens for m in measured)
     after = _settled_counters(url, before, tokens)
-    wedlm = mode.decoding == "wedlm"
     return {
         "mode": mode.name, "kind": kind, "concurrency": concurrency, "shots": shots,
-        "max_tokens": limit, "window_size": window_size if wedlm else None,
-        "window_tokens": window_tokens if wedlm else None,
-        "adaptive_window": (mode.adaptive or window_tokens is not None) if wedlm else None,
+        "max_tokens": limit, **mode.window_settings(window_size, window_tokens),
         "requests": len(measured), "output_tokens": tokens, "seconds": round(wall, 4),
         "output_tok_s": round(tokens / wall, 2),
         "tokens_per_forward": _tokens_per_forward(mode, before, after, tokens),

@@ -58,7 +58,9 @@ def run_mode(model: str, decoding: str, tasks: list[Task], args, progress: Calla
     from vllm import LLM, SamplingParams
 
     progress(f"{MODE_NAMES[decoding]}: starting the engine")
-    settings = {"decoding": decoding, "window_size": args.window_size, "entropy_threshold": args.entropy_threshold}
+    settings = {"decoding": decoding, "entropy_threshold": args.entropy_threshold}
+    if args.window_size is not None:  # else the engine's default: the adaptive window
+        settings["window_size"] = args.window_size
     llm = LLM(model, additional_config=settings, **engine_settings(model, args))
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.chat([tasks[0].messages(with_response=False)], params, use_tqdm=False)  # warm-up, not timed
@@ -129,7 +131,8 @@ def main() -> None:
                         help="a WeDLM checkpoint directory (default: the shipped micro model)")
     parser.add_argument("--modes", default="ar,wedlm", help=f"comma-separated, of {', '.join(DECODING_MODES)}")
     parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: held-out tasks)")
-    parser.add_argument("--window-size", type=int, default=16)
+    parser.add_argument("--window-size", type=int,
+                        help="a fixed W for WeDLM (default: the engine's, the adaptive window at most 16)")
     parser.add_argument("--entropy-threshold", type=float, default=0.4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-model-len", type=int, help="default: 512 for the shipped model, else the model's")
@@ -155,7 +158,8 @@ def main() -> None:
 def report(args, tasks: list[Task], modes: list[str], results: dict[str, list[Answer]], out: TextIO) -> None:
     """Each prompt's answers side by side, then the totals and the WeDLM / AR ratio."""
     say = functools.partial(print, file=out)
-    say(f"\nmodel {args.model}\nwindow {args.window_size}, entropy threshold {args.entropy_threshold}, "
+    window = "adaptive (at most 16)" if args.window_size is None else args.window_size
+    say(f"\nmodel {args.model}\nwindow {window}, entropy threshold {args.entropy_threshold}, "
           "greedy, one request at a time\n")
     for i, task in enumerate(tasks):
         say(f">>> {task.prompt}" + (f"   (answer: {task.answer or task.response})" if task.kind else ""))

@@ -298,3 +298,56 @@ def test_fixed_rows_windows_fall_to_w0_and_come_back(tmp_path_factory, monkeypat
     if preempted:  # ... some of them while at W 0
         assert after - before >= 10, f"only {after - before} preemptions: the batch was meant not to fit"
         assert redrawn, redrawn
+
+
+#: Requests of ``PROMPTS`` that pin their W (``wedlm_window_size``): index -> W (3 is lossless).
+PINS = {0: 16, 2: 4, 3: 8, 7: 1}
+
+
+@pytest.mark.parametrize("fixed_rows", [False, True], ids=["exact-rows", "fixed-rows"])
+def test_a_pinned_request_is_never_resized_on_the_default_engine(tmp_path_factory, monkeypatch, fixed_rows):
+    """An engine with the default settings runs the adaptive window; a request that pins its W
+    (``wedlm_window_size``) keeps it for every window in a batch of requests whose W moves (AR steps
+    of the batch on exact rows, W 0 windows and probes on fixed rows, each made to pay here), so its
+    output is the reference decoder's at that fixed W, plain and lossless, as on a server of that W;
+    the others' are the reference's at their recorded W."""
+    from vllm import SamplingParams
+
+    from vllm_wedlm.adapter import scheduler, window_sizer
+    from vllm_wedlm.core.window_policy import StepCost
+
+    wedlm = {"decoding": "wedlm", "entropy_threshold": TAU}  # no window_size: the default
+    if fixed_rows:  # rows that cost a tenth of a step: W 0 windows pay (test_fixed_rows_windows_fall_to_w0...)
+        monkeypatch.setattr(scheduler, "step_cost", lambda hf_config, knee=None: StepCost(1e-3, 1e-4, 0))
+        monkeypatch.setattr(window_sizer, "ZERO_PROBE_PERIOD", 4)
+        wedlm["fixed_window_rows"] = True
+    else:  # an AR step's cost fixed: the choice depends on what windows commit, not on timings
+        wedlm["ar_step_cost"] = AR_STEP_COST
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("pinned"), TinySpec(variant="qwen2", logit_scale=1.0))
+    config = WeDLMConfig.from_pretrained(checkpoint)
+    model = load_transformers_model(checkpoint)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                             extra_args={"wedlm_lossless": f} | ({"wedlm_window_size": PINS[i]} if i in PINS else {}))
+              for i, (n, f) in enumerate(zip(MAX_TOKENS, LOSSLESS, strict=True))]
+    with running_llm(checkpoint, in_process=True, dtype="float32", async_scheduling=fixed_rows,
+                     additional_config=wedlm, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=TOKEN_BUDGET) as llm:
+        assert llm.llm_engine.vllm_config.additional_config.get("window_size") is None
+        outputs, by_request, _ = generate_traced(llm, PROMPTS, params)
+    for i, output in enumerate(outputs):
+        sizes = by_request[output.request_id]
+        rule, settings = StopRule(max_tokens=MAX_TOKENS[i]), WeDLMParams(TAU, 0.02, lossless=LOSSLESS[i])
+        if i in PINS:
+            assert set(sizes) == {PINS[i]}, (i, sizes)
+            fixed = ReferenceDecoder(model, config.mask_token_id, PINS[i]).generate(
+                list(output.prompt_token_ids), rule, settings)
+            assert list(output.outputs[0].token_ids) == fixed.token_ids, i
+        else:
+            replayed = ReferenceDecoder(model, config.mask_token_id, MAX_WINDOW).generate(
+                list(output.prompt_token_ids), rule, settings, window_sizes=sizes)
+            assert list(output.outputs[0].token_ids) == replayed.token_ids, (i, sizes)
+    # The others' W moved (the default is the adaptive window): below the most; on fixed rows to W 0
+    # windows of their own; on exact rows never to an AR step of the batch, which would have resized the
+    # pinned (request 0 outlives every other: at one token a forward, as here, 120 forwards).
+    unpinned = [w for i, o in enumerate(outputs) if i not in PINS for w in by_request[o.request_id]]
+    assert min(unpinned) < MAX_WINDOW, unpinned
+    assert (0 in unpinned) == fixed_rows, unpinned

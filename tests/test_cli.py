@@ -84,7 +84,8 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
 
 
 @pytest.mark.parametrize("config,window_size,adaptive,window_tokens", [
-    ({}, 16, False, None),
+    ({}, 16, True, None),
+    ({"window_size": 16}, 16, False, None),
     ({"window_size": 8}, 8, False, None),
     ({"window_size": "auto"}, 16, True, None),
     ({"window_size": "auto", "window_tokens": 64}, 16, True, 64),
@@ -92,8 +93,9 @@ def test_wedlm_flags_land_in_additional_config(serve_parser):
     ({"window_tokens": 128}, 16, True, 128),
 ])
 def test_the_adaptive_window_settings(config, window_size, adaptive, window_tokens):
-    """"auto" or a knee (window_tokens) turns the adaptive window on: W per request and step, at most
-    window_size (core/window_policy.py; the scheduler chooses it); the knee defaults to the model's."""
+    """The adaptive window is the default ("auto", or no window_size): W per request and step, at most
+    16 (core/window_policy.py; the scheduler chooses it), or with a knee (window_tokens) at most
+    window_size; the knee defaults to the model's. An integer window_size alone is a fixed W."""
     settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", **config})
     assert (settings.window_size, settings.adaptive_window, settings.window_tokens) == (
         window_size, adaptive, window_tokens)
@@ -122,7 +124,8 @@ def test_the_ar_step_settings(value, ar_steps, cost):
     ({"window_size": "auto", "ar_step_cost": 0}, "ar_step_cost must be a number in \\(0, 100\\], 'auto' or 'off'"),
     ({"window_size": "auto", "ar_step_cost": True}, "ar_step_cost must be a number in"),
     ({"window_size": "auto", "ar_step_cost": "never"}, "ar_step_cost must be a number in"),
-    ({"ar_step_cost": 0.5}, "ar_step_cost \\(--wedlm-ar-step-cost\\) applies to the adaptive window only"),
+    ({"window_size": 16, "ar_step_cost": 0.5}, "ar_step_cost \\(--wedlm-ar-step-cost\\) applies to the adaptive "
+                                               "window only \\(the default; a fixed --wedlm-window-size 16"),
     ({"async_padding_tokens": -1}, "async_padding_tokens must be a non-negative integer or 'auto'"),
     ({"async_padding_tokens": "some"}, "async_padding_tokens must be a non-negative integer or 'auto'"),
     # Without async scheduling (always so on the CPU) nothing is pipelined: the knob has no use.

@@ -123,7 +123,8 @@ def run_engine(checkpoint, decoding: str, params: list) -> EngineRun:
     def each(items):
         return [p for p in params for _ in items]
 
-    with running_llm(checkpoint, dtype="float32", additional_config={"decoding": decoding}) as llm:
+    # WeDLM at a fixed W (the reference decoder's), not the adaptive window of the default
+    with running_llm(checkpoint, dtype="float32", additional_config={"decoding": decoding, "window_size": 16}) as llm:
         raw = llm.generate(repeat(RAW_PROMPTS), each(RAW_PROMPTS), use_tqdm=False)
         chats = llm.chat(repeat(CHATS), each(CHATS), use_tqdm=False)
         no_thinking = llm.chat(repeat(CHATS[:1]), each(CHATS[:1]), use_tqdm=False, chat_template_kwargs=NO_THINKING)

@@ -19,7 +19,8 @@ from plain_qwen import plain_qwen3_copy
 
 ACCEPTED_SETTINGS = ("'ar_step_cost', 'async_padding_tokens', 'decoding', 'entropy_threshold', 'fixed_window_rows', "
                      "'lossless', 'pos_penalty', 'window_size', 'window_tokens'")
-ACCEPTED_REQUEST_KEYS = "'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty'"
+ACCEPTED_REQUEST_KEYS = ("'wedlm_decoding', 'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty', "
+                         "'wedlm_window_size'")
 
 
 class PlatformConfig:
@@ -94,12 +95,66 @@ def validate(extra_args):
 @pytest.mark.parametrize("extra_args,unknown", [
     ({"wedlm_window": 4}, "'wedlm_window'"),
     ({"wedlm_entropy_treshold": 0.5, "wedlm_pos_penalty": 0.1}, "'wedlm_entropy_treshold'"),
-    ({"wedlm_window_size": 4}, "'wedlm_window_size'"),
+    ({"wedlm_window_sizes": 4}, "'wedlm_window_sizes'"),
 ])
 def test_misspelt_request_knobs_are_refused(extra_args, unknown):
     with pytest.raises(ValueError, match=f"unknown WeDLM key\\(s\\) {unknown}; per request WeDLM accepts "
                                          f"{ACCEPTED_REQUEST_KEYS}"):
         validate(extra_args)
+
+
+@pytest.mark.parametrize("server,extra_args,message", [
+    ({}, {"wedlm_window_size": 0}, "wedlm_window_size must be in \\[1, 16\\] \\(this server's largest W\\), got 0"),
+    ({}, {"wedlm_window_size": 17}, "wedlm_window_size must be in \\[1, 16\\]"),
+    ({}, {"wedlm_window_size": "8"}, "wedlm_window_size must be an integer, got '8'"),
+    ({}, {"wedlm_window_size": 8.0}, "wedlm_window_size must be an integer"),
+    ({}, {"wedlm_window_size": True}, "wedlm_window_size must be an integer"),
+    ({}, {"wedlm_window_size": 4, "wedlm_decoding": "ar"}, "wedlm_window_size is for requests decoded in windows"),
+    ({"window_size": 8}, {"wedlm_window_size": 4}, "wedlm_window_size 4: this server runs every request at a "
+                                                    "fixed W of 8 \\(--wedlm-window-size 8\\)"),
+    ({"window_size": 8}, {"wedlm_window_size": 16}, "fixed W of 8"),
+])
+def test_a_pinned_window_the_server_cannot_run_is_refused(server, extra_args, message):
+    """A request pins its W (``wedlm_window_size``) within what the server runs: 1 to its largest W on
+    the adaptive window (the default), its one W on a server of a fixed W."""
+    from vllm_wedlm.config import WeDLMSettings
+
+    settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", **server})
+    with pytest.raises(ValueError, match=message):
+        settings.request_params(extra_args)
+
+
+def test_a_pinned_window_is_read_over_any_other_knob():
+    from vllm_wedlm.config import WeDLMSettings
+
+    adaptive = WeDLMSettings.from_additional_config({"decoding": "wedlm"})
+    assert [adaptive.pinned_window({"wedlm_window_size": w}) for w in (1, 8, 16)] == [1, 8, 16]
+    assert adaptive.pinned_window({"wedlm_window_size": 4, "wedlm_lossless": True}) == 4
+    assert adaptive.pinned_window(None) is None
+    assert adaptive.pinned_window({"wedlm_entropy_threshold": 0.5}) is None
+    fixed = WeDLMSettings.from_additional_config({"decoding": "wedlm", "window_size": 8})
+    assert fixed.pinned_window({"wedlm_window_size": 8}) == 8
+
+
+def test_the_front_end_checks_a_pin_against_the_server_it_built(tiny_checkpoints):
+    """vLLM's front end validates a request without the engine's settings: the config hook hands them
+    to the validator where it builds the engine's config, so a pin of a W the server does not run is a
+    400 before the request reaches the engine."""
+    from vllm_wedlm.adapter import request_validator
+    from vllm_wedlm.config import WeDLMSettings
+
+    try:
+        engine_config(tiny_checkpoints["qwen3"], {"decoding": "wedlm", "window_size": 8})
+        with pytest.raises(ValueError, match="Invalid WeDLM setting in extra_args / vllm_xargs: wedlm_window_size 4: "
+                                             "this server runs every request at a fixed W of 8"):
+            validate({"wedlm_window_size": 4})
+        validate({"wedlm_window_size": 8})
+        engine_config(tiny_checkpoints["qwen3"], {"decoding": "wedlm"})
+        validate({"wedlm_window_size": 4})
+        with pytest.raises(ValueError, match="wedlm_window_size must be in \\[1, 16\\]"):
+            validate({"wedlm_window_size": 32})
+    finally:
+        request_validator.serve(WeDLMSettings())
 
 
 def test_request_keys_of_others_pass():

@@ -498,3 +498,38 @@ def test_w0_probes_grow_rarer_only_where_their_rows_cost(batch):
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     # Steady: a probe after more than ``longest`` windows of W 0, at the clock's next tick.
     assert max(gaps) == gaps[-1] and longest < gaps[-1] <= longest + 1 + ZERO_PROBE_PERIOD, (longest, gaps)
+
+
+def test_a_pinned_request_keeps_its_window_through_ar_steps_probes_and_w0():
+    """A request that pins its W (``wedlm_window_size``) gets that W for every window the scheduler
+    plans (``WindowSizer.pin``): on the synchronous engine no AR step of the batch runs while it does
+    (an AR step is W 0 for all), and its batch mates keep their own choice; on fixed window rows it
+    never takes W 0 nor a probe's whole window; once it finishes, AR steps come back."""
+    from vllm_wedlm.adapter.window_sizer import WindowSizer
+
+    uncertain = reach_after([(1, 16)] * 20, 16)
+    sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.5)
+    sizer.reaches.update(a=uncertain, b=uncertain, c=uncertain)
+    assert sizer.steps_ar(["a", "b"])  # uncertain text: AR steps pay
+    sizer.pin("c", 8)
+    assert sizer.window_of("c") == 8  # its first window, before any plan
+    for _ in range(12):
+        assert not sizer.steps_ar(["a", "b", "c"])
+        chosen = sizer.assign(SimpleNamespace(), ["a", "b", "c"])
+        assert chosen["c"] == 8 and chosen["a"] == chosen["b"] < 8, chosen
+        sizer.observe(SimpleNamespace(wedlm_forwarded_window_sizes=chosen), dict.fromkeys(chosen, 1))
+    sizer.forget("c")
+    assert sizer.steps_ar(["a", "b"]) and "c" not in sizer.pinned
+    with pytest.raises(ValueError, match="a pinned W must be in \\[1, 16\\], got 17"):
+        sizer.pin("d", 17)
+
+    zero = WindowSizer(16, step_cost(QWEN3_8B), zero_windows=True)
+    names = [f"r{i}" for i in range(64)]  # (where rows cost: the mates fall to W 0)
+    zero.reaches.update(dict.fromkeys(names, reach_after([(1, 1)] * 20, 16)))
+    zero.pin("r0", 4)
+    seen = []
+    for _ in range(3 * 16 + 3):  # W 0 windows and their probes (every ZERO_PROBE_PERIOD steps) for the rest
+        chosen = zero.assign(SimpleNamespace(), names, zero_ok=set(names))
+        seen.append(chosen)
+    assert all(c["r0"] == 4 for c in seen)
+    assert {c["r1"] for c in seen} == {0, 16}  # its mates fall to W 0 and probe

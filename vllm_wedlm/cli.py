@@ -74,12 +74,13 @@ def add_wedlm_args(parser: argparse.ArgumentParser) -> None:
                        help=f"How a WeDLM model decodes (default: {DEFAULT_DECODING}). 'ar': one token per "
                        "forward, vLLM's ordinary path. 'wedlm': WeDLM's streaming parallel decoding.")
     group.add_argument("--wedlm-window-size", type=_int_or_auto, default=argparse.SUPPRESS,
-                       help=f"WeDLM mode: undecided slots per request (default {DEFAULT_WINDOW_SIZE}), or "
-                       f"'{AUTO_WINDOW}': each request's own each step, from what its windows commit and what "
-                       f"rows cost, at most {DEFAULT_WINDOW_SIZE}.")
+                       help=f"WeDLM mode: '{AUTO_WINDOW}' (the default): each request's undecided slots (W) "
+                       "chosen each step from what its windows commit and what rows cost, at most "
+                       f"{DEFAULT_WINDOW_SIZE}; or an integer: that W for every request, whatever the load "
+                       "(reproducible output). A request can pin its own W: 'wedlm_window_size'.")
     group.add_argument("--wedlm-window-tokens", type=int, default=argparse.SUPPRESS,
-                       help="WeDLM mode: size each request's window each step (as with "
-                       f"'--wedlm-window-size {AUTO_WINDOW}', at most --wedlm-window-size), taking this many "
+                       help="WeDLM mode, adaptive window: size each request's window each step at most "
+                       "--wedlm-window-size (a fixed one otherwise), taking this many "
                        "window rows per step as free (the step-cost model's knee; default 32, where the "
                        "Qwen3-8B shape's steps bend on an H200).")
     group.add_argument("--wedlm-ar-step-cost", type=_number_or_word, default=argparse.SUPPRESS,

@@ -27,11 +27,13 @@ DEFAULT_DECODING = "ar"
 
 #: additional_config keys (server-wide settings).
 DECODING_KEY = "decoding"
+#: W, server-wide. Absent or "auto" (the default): the adaptive window (``core/window_policy.py``: each
+#: request's W per step from what its windows commit and what rows cost, at most the default W); an
+#: integer: that fixed W for every request (reproducible output whatever the load).
 WINDOW_SIZE_KEY = "window_size"
-#: Turns on the adaptive window (``core/window_policy.py``: each request's W per step from what its
-#: windows commit and what rows cost, at most ``window_size``) and sets the knee of its step-cost
-#: model: the window rows a step takes at no extra cost (default: adapter/async_gate.WINDOW_KNEE_TOKENS).
-#: ``window_size: "auto"`` turns it on with the default W as the most and the default knee.
+#: The knee of the adaptive window's step-cost model: the window rows a step takes at no extra cost
+#: (default: adapter/async_gate.WINDOW_KNEE_TOKENS). With it, ``window_size`` is the most W of an
+#: adaptive window, not a fixed W.
 WINDOW_TOKENS_KEY = "window_tokens"
 AUTO_WINDOW = "auto"
 #: With the adaptive window on the synchronous engine: what an AR step (W 0 for the whole batch, vLLM's
@@ -70,10 +72,15 @@ REQUEST_LOSSLESS = "wedlm_lossless"
 #: "ar" decodes this request one token per forward on a WeDLM engine (same weights, same batches);
 #: "wedlm" (the default there) with the WeDLM window. An AR engine has no WeDLM requests.
 REQUEST_DECODING = "wedlm_decoding"
+#: An integer W in [1, the server's W]: the request's window is never resized (the adaptive window
+#: leaves it alone), so its tokens depend only on its prompt and settings, not on its batch mates or
+#: the engine's timing: for evaluations. On a server of a fixed W it can only be that W.
+REQUEST_WINDOW_SIZE = "wedlm_window_size"
 #: What asks for one fill per step (``entropy_threshold`` None) where a value must be a word:
 #: ``--wedlm-entropy-threshold none``, and ``vllm_xargs`` over HTTP, where vLLM refuses JSON null.
 NO_THRESHOLD_WORDS = ("none", "null")
-REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY, REQUEST_LOSSLESS)
+REQUEST_KEYS = (REQUEST_DECODING, REQUEST_ENTROPY_THRESHOLD, REQUEST_POS_PENALTY, REQUEST_LOSSLESS,
+                REQUEST_WINDOW_SIZE)
 
 
 def max_window_tokens(window_size: int) -> int:
@@ -103,9 +110,10 @@ class WeDLMSettings:
     """W: undecided slots kept per request (WeDLM mode); each forward covers W to
     ``max_window_tokens(W)`` tokens. With ``adaptive_window``, the largest W a request may get."""
 
-    adaptive_window: bool = False
-    """Each request's W chosen per step (``core/window_policy.py``, by the scheduler); else always
-    ``window_size``."""
+    adaptive_window: bool = True
+    """Each request's W chosen per step (``core/window_policy.py``, by the scheduler; the default),
+    but for requests that pin their own (``REQUEST_WINDOW_SIZE``); else always ``window_size``
+    (``window_size`` given as an integer)."""
 
     window_tokens: int | None = None
     """The adaptive window's knee: rows a step takes at no extra cost (None: ``WINDOW_KNEE_TOKENS``)."""
@@ -164,7 +172,7 @@ class WeDLMSettings:
                     "--wedlm-window-tokens, --wedlm-ar-step-cost, --wedlm-entropy-threshold, --wedlm-pos-penalty, "
                     "--wedlm-lossless, --wedlm-async-padding-tokens)."
                 )
-        window_size = additional_config.get(WINDOW_SIZE_KEY, DEFAULT_WINDOW_SIZE)
+        window_size = additional_config.get(WINDOW_SIZE_KEY, AUTO_WINDOW)
         window_tokens = additional_config.get(WINDOW_TOKENS_KEY)
         adaptive_window = window_size == AUTO_WINDOW or window_tokens is not None
         if window_size == AUTO_WINDOW:
@@ -181,7 +189,7 @@ class WeDLMSettings:
                              f"got {ar_step_cost!r}")
         if AR_STEP_COST_KEY in additional_config and not adaptive_window:
             raise ValueError(f"{AR_STEP_COST_KEY} (--wedlm-ar-step-cost) applies to the adaptive window only "
-                             f"(--wedlm-window-size {AUTO_WINDOW})")
+                             f"(the default; a fixed --wedlm-window-size {window_size} turns it off)")
         params = WeDLMParams(
             entropy_threshold=threshold_value(additional_config.get(ENTROPY_THRESHOLD_KEY,
                                                                     DEFAULT_PARAMS.entropy_threshold)),
@@ -220,15 +228,37 @@ class WeDLMSettings:
         unknown = [k for k in extra_args if str(k).startswith(REQUEST_KEY_PREFIX) and k not in REQUEST_KEYS]
         if unknown:
             raise ValueError(
-                f"unknown WeDLM key(s) {_names(unknown)}; per request WeDLM accepts {_names(REQUEST_KEYS)} "
-                "(the window size is server-wide: --wedlm-window-size)"
+                f"unknown WeDLM key(s) {_names(unknown)}; per request WeDLM accepts {_names(REQUEST_KEYS)}"
             )
         request_decoding(extra_args)
+        self.pinned_window(extra_args)
         return WeDLMParams(
             entropy_threshold=threshold_value(extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold)),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),
             lossless=request_flag(extra_args, REQUEST_LOSSLESS, self.params.lossless),
         )
+
+
+    def pinned_window(self, extra_args: dict | None) -> int | None:
+        """The W a request pins its window to (``REQUEST_WINDOW_SIZE``), None where it pins none;
+        ``ValueError`` for one this server cannot run."""
+        value = (extra_args or {}).get(REQUEST_WINDOW_SIZE)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{REQUEST_WINDOW_SIZE} must be an integer, got {value!r}")
+        if request_decoding(extra_args) == "ar":
+            raise ValueError(f"{REQUEST_WINDOW_SIZE} is for requests decoded in windows, not with "
+                             f"{REQUEST_DECODING} 'ar'")
+        if not self.adaptive_window:
+            if value != self.window_size:
+                raise ValueError(f"{REQUEST_WINDOW_SIZE} {value}: this server runs every request at a fixed W of "
+                                 f"{self.window_size} (--wedlm-window-size {self.window_size}); a request can pin "
+                                 "another W on a server of the adaptive window (no --wedlm-window-size)")
+        elif not 1 <= value <= self.window_size:
+            raise ValueError(f"{REQUEST_WINDOW_SIZE} must be in [1, {self.window_size}] (this server's largest W), "
+                             f"got {value}")
+        return value
 
 
 def threshold_value(value):

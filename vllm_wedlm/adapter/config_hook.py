@@ -75,6 +75,9 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
 
     # Per-request validation in the front end (a 400 for unsupported requests, see the module).
     from vllm_wedlm.adapter.request_validator import QUALNAME as qualname
+    from vllm_wedlm.adapter.request_validator import serve
+
+    serve(settings)
 
     model_config = vllm_config.model_config
     custom = [str(getattr(p, "__qualname__", p)) for p in model_config.logits_processors or []

@@ -24,12 +24,25 @@ if TYPE_CHECKING:
 QUALNAME = "vllm_wedlm.adapter.request_validator:WeDLMRequestValidator"
 
 
+#: The WeDLM settings of the engine whose config this process built last (``serve``), for the checks
+#: that depend on them (a pinned W must be one the server runs); vLLM gives ``validate_params`` the
+#: request alone. Before any: the default settings.
+_server = WeDLMSettings(params=DEFAULT_PARAMS)
+
+
+def serve(settings: WeDLMSettings) -> None:
+    """Check requests against ``settings`` from now on (the config hook, where it builds an engine's
+    config: the front end's process)."""
+    global _server
+    _server = settings
+
+
 class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         try:
             # The runner reads the knobs the same way (over the server's defaults, which are valid).
-            WeDLMSettings(params=DEFAULT_PARAMS).request_params(sampling_params.extra_args)
+            _server.request_params(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
         if sampling_params.logprobs is not None and sampling_params.logprobs < 0:

@@ -125,7 +125,23 @@ class WeDLMScheduler(Scheduler):
     def add_request(self, request) -> None:
         if decodes_ar(request.sampling_params):
             self._autoregressive.add(request.request_id)
+        elif self._sizer is not None:
+            self._pin_window(request)
         super().add_request(request)
+
+    def _pin_window(self, request) -> None:
+        """A request that pins its W (``REQUEST_WINDOW_SIZE``) keeps it (``WindowSizer.pin``). The front
+        end refused pins this server cannot run (request_validator.py) where it built the engine's config;
+        a front end that did not (one of several API servers) let through at worst a W above the most,
+        run here at the most, and said so."""
+        extra_args = request.sampling_params.extra_args if request.sampling_params else None
+        try:
+            pinned = self.wedlm.pinned_window(extra_args)
+        except ValueError as error:
+            pinned = self.wedlm.window_size
+            logger.warning("WeDLM: request %s runs at W %d: %s", request.request_id, pinned, error)
+        if pinned is not None:
+            self._sizer.pin(request.request_id, pinned)
 
     def _decodes_ar(self, request) -> bool:
         return request.request_id in self._autoregressive

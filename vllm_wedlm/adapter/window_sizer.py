@@ -35,6 +35,11 @@ further where probes' rows cost: ``longest_zero_gap``), in
 the steps of a common clock (``ZERO_PROBE_PERIOD``), and W 0 forwards leave its reach as it was.
 The runner reports each planned window's slots after its run (``WeDLMRunnerOutput.window_spans``),
 so that a request whose probe filled nothing past its run is back at W 0 two steps later.
+
+**Pinned requests** (``config.REQUEST_WINDOW_SIZE``): a request that pins its W gets it for every
+window, probes and W 0 included (never an AR step of the batch while it runs, never a window of W 0):
+its tokens then depend on its prompt and settings alone, as on a server of that fixed W. What its
+windows commit still counts in the server's reach.
 """
 
 from __future__ import annotations
@@ -144,6 +149,7 @@ class WindowSizer:
         self.zero_streak: dict[str, int] = {}
         self.zero_gap: dict[str, int] = {}
         self.steps = 0  # steps planned (``assign``): the probes' clock
+        self.pinned: dict[str, int] = {}  # req_id -> the W it pinned (``pin``): never resized
         self.reaches: dict[str, list[float]] = {}  # req_id -> its reach [max_window] (core.window_policy)
         self.prior = full_reach(max_window)  # a new request's reach: the server's moving average
         # req_id -> W of the window the runner holds (or plans now); 0: none, the request steps AR.
@@ -161,9 +167,16 @@ class WindowSizer:
         self.asked: tuple[str, ...] = ()
         self.sizes_hint: dict[str, int] = {}
 
+    def pin(self, req_id: str, window_size: int) -> None:
+        """``req_id`` keeps windows of ``window_size`` (at most ``max_window``) until it finishes."""
+        if not 1 <= window_size <= self.max_window:
+            raise ValueError(f"a pinned W must be in [1, {self.max_window}], got {window_size}")
+        self.pinned[req_id] = window_size
+
     def window_of(self, req_id: str) -> int:
-        """W of the window the runner holds for ``req_id`` (the most before its first plan)."""
-        return self.planned.get(req_id, self.max_window)
+        """W of the window the runner holds for ``req_id`` (the most, or its pin, before its first plan)."""
+        planned = self.planned.get(req_id)
+        return self.pinned.get(req_id, self.max_window) if planned is None else planned
 
     def holds_window(self, req_id: str) -> bool:
         """Whether the runner holds a window for ``req_id`` (planned, and not dropped by an AR step)."""
@@ -174,8 +187,8 @@ class WindowSizer:
         (``core.window_policy.choose_step``, at the step costs timed at this batch size), unless it
         is time for a window step to re-measure what windows commit (a probe)."""
         self.probing, self.sizes_hint = False, {}
-        if not self.ar_steps or not req_ids:
-            return False
+        if not self.ar_steps or not req_ids or (self.pinned and not self.pinned.keys().isdisjoint(req_ids)):
+            return False  # (an AR step is W 0 for every request of the batch, a pinned one's too)
         if self.probe_steps:
             self.probe_steps -= 1
             self.probing = True
@@ -214,8 +227,10 @@ class WindowSizer:
         if self.probing:  # the whole window: what windows would commit, long runs included
             sizes = [self.max_window] * len(sizes)
         if self.zero_windows:
-            sizes = self._zero_windows(planning, reaches, sizes, zero_ok)
+            sizes = self._zero_windows(planning, reaches, sizes, zero_ok - self.pinned.keys())
         chosen = dict(zip(planning, sizes, strict=True))
+        if self.pinned:
+            chosen.update((req_id, self.pinned[req_id]) for req_id in self.pinned.keys() & chosen.keys())
         # The window a step forwards was planned by the request's step before (a first window riding
         # with its prompt, or a window after an AR step, by this one); a window of W 0 is its own.
         setattr(scheduler_output, FORWARDED_SIZES_ATTR,
@@ -282,5 +297,6 @@ class WindowSizer:
         """A request finished or was aborted."""
         self.reaches.pop(req_id, None)
         self.planned.pop(req_id, None)
+        self.pinned.pop(req_id, None)
         self.zero_streak.pop(req_id, None)
         self.zero_gap.pop(req_id, None)
