@@ -81,19 +81,19 @@ STEP_TIME_WEIGHT = 0.2
 #: AR steps before a window step re-measures what windows commit; doubled while AR still wins, up to
 #: the most. A probe's windows are whole (the server's W): a shorter one cannot see a run longer than
 #: itself, and a run of the whole window is what makes text like counting pay (its runs: nothing,
-#: one token, or 12 to 16; lab notebook 5.29). Timed on an H200 in BENCHMARKS.md 7.3 (5.29 ran W 4).
+#: one token, or 12 to 16; lab notebook 5.29). Timed on an H200 in lab notebook 5.37.3 (5.29 ran W 4).
 PROBE_GAP, MAX_PROBE_GAP = 4, 64
 #: A request at W 0 on fixed window rows probes (``WindowSizer._zero_windows``) only in steps whose
 #: count is a multiple of this, once its own gap has passed: the probes of a batch then fall in the
 #: same few steps, and the steps between forward windows of W 0 alone, which skip the window step
-#: (its host work is what a step of the async engine cannot hide at batch 64; BENCHMARKS.md 7.6).
+#: (its host work is what a step of the async engine cannot hide at batch 64; lab notebook 5.37.6).
 ZERO_PROBE_PERIOD = 16
 #: Where a probe's rows cost (a compute-bound batch), a request at W 0 doubles its gap past
 #: ``MAX_PROBE_GAP`` until its probes, a whole window's mask rows each at the step-cost curve's price,
 #: take at most this share of the time of its own W 0 windows (``WindowSizer.longest_zero_gap``), up
 #: to ``MAX_ZERO_PROBE_GAP`` windows. On the Qwen3-8B shape at batch 64 a probe's 16 rows cost 0.34 ms
 #: against a request's 0.064 ms share of a step of W 0 windows: a gap of 269 windows. At gaps of at most 64 the probes
-#: were most of what kept that batch from 0.9x AR (BENCHMARKS.md 7.6). Where rows are free (below the
+#: were most of what kept that batch from 0.9x AR (lab notebook 5.37.6). Where rows are free (below the
 #: knee, a host-bound model) the gap stays at most ``MAX_PROBE_GAP``.
 MAX_PROBE_SHARE, MAX_ZERO_PROBE_GAP = 0.02, 1024
 #: Window steps of a probe: a lossless request that held no window forwards only the token its AR step
