@@ -1,0 +1,95 @@
+"""The V2 binding's first slice (vllm_wedlm/v2) stepped by vLLM 0.34's own objects (harness.py):
+plain WeDLM, W 16, greedy, token for token what the reference decoder gives, for one request and
+for a batch whose KV cache is too small for it (vLLM preempts and resumes requests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import StepHarness
+from transformers import AutoTokenizer
+from vllm.sampling_params import SamplingParams
+from vllm.triton_utils import HAS_TRITON
+from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
+from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
+from vllm_wedlm.evaluation import held_out_tasks
+from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.reference.decoder import ReferenceDecoder, ReferenceOutput, StopRule
+from vllm_wedlm.training.data.tasks import chat_prompt
+from vllm_wedlm.v2.model_state import WeDLMModelState
+from vllm_wedlm.v2.scheduler import WeDLMScheduler
+
+W = 16
+STOP = frozenset(json.loads((MICRO_CHECKPOINT / "generation_config.json").read_text())["eos_token_id"])
+MASK_ID = json.loads((MICRO_CHECKPOINT / "config.json").read_text())["mask_token_id"]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    """Held-out arithmetic and counting chats (the micro model's kinds): arithmetic first."""
+    tokenizer = AutoTokenizer.from_pretrained(str(MICRO_CHECKPOINT))
+    tasks = held_out_tasks(3, ("arithmetic", "counting"), max_number=19)
+    return [tokenizer(chat_prompt(tokenizer, t))["input_ids"] for kind in ("arithmetic", "counting")
+            for t in tasks[kind]]
+
+
+@pytest.fixture(scope="module")
+def reference() -> ReferenceDecoder:
+    return ReferenceDecoder(load_transformers_model(MICRO_CHECKPOINT), mask_token_id=MASK_ID, window_size=W)
+
+
+def params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=sorted(STOP))
+
+
+def assert_same_as_reference(harness: StepHarness, req_id: str, expected: ReferenceOutput) -> None:
+    out = harness.finished[req_id]
+    assert out.token_ids == expected.token_ids, req_id
+    assert out.finish_reason == expected.finish_reason, req_id
+    # Each window forward commits the run the previous one completed; the first commits none. The
+    # reference returns a run before the forward that writes its KV (where a stop inside it ends
+    # the request), V2 after it: one forward more, whose run holds the reference's last one.
+    runs = harness.trace.runs[req_id]
+    assert runs[0] == 0 and len(runs) == expected.num_forwards + 1, (runs, expected.runs)
+    assert runs[1:-1] == expected.runs[:-1] and runs[-1] >= expected.runs[-1], (runs, expected.runs)
+
+
+def test_the_binding_subclasses_vllm_and_is_not_a_diffusion_model():
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W)
+    assert HAS_TRITON  # the V2 kernels run (Triton's interpreter), not a fallback
+    assert isinstance(harness.state, ModelState) and type(harness.state) is WeDLMModelState
+    assert isinstance(harness.scheduler, DiffusionScheduler) and type(harness.scheduler) is WeDLMScheduler
+    assert not harness.config.model_config.is_diffusion  # no diffusion request checks
+    assert harness.config.num_speculative_tokens == harness.scheduler.num_spec_tokens == 2 * W  # the canvas
+    assert harness.scheduler.num_sampled_tokens_per_step == 0
+    assert harness.state.num_new_sampled_tokens_per_step == 0
+
+
+def test_one_request_matches_the_reference(prompts, reference):
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W)
+    harness.add("0", prompts[0], params(64))
+    harness.run()
+    expected = reference.generate(prompts[0], StopRule(max_tokens=64, stop_token_ids=STOP))
+    assert_same_as_reference(harness, "0", expected)
+    assert max(harness.trace.runs["0"]) > 1  # a window committed several tokens at once
+    assert harness.trace.preemptions == 0
+
+
+def test_a_batch_through_preemptions_matches_the_reference(prompts, reference):
+    """Six requests of three lengths, four at a time, on a KV cache of 12 blocks of 16 tokens: vLLM
+    preempts running requests, frees their KV and later prefills their tokens again; each comes
+    back to the window it had (its fills included), so nothing it outputs changes."""
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=12)
+    max_tokens = [24, 64, 40, 64, 24, 40]
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        harness.add(str(i), prompt, params(n))
+    harness.run()
+    assert harness.trace.preemptions >= 4
+    assert harness.state.table.num_resumed == harness.trace.preemptions  # each got its window back,
+    assert harness.state.table.resumed_fills > 0  # fills included
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        expected = reference.generate(prompt, StopRule(max_tokens=n, stop_token_ids=STOP))
+        assert_same_as_reference(harness, str(i), expected)

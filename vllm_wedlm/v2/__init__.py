@@ -1,0 +1,20 @@
+"""WeDLM on vLLM's Model Runner V2 (vLLM 0.34; issue 70): the first slice of the binding.
+
+Nothing here is imported by the package or by the V1 adapter (vLLM 0.26), and these modules import
+vLLM 0.34's V2 classes, so they are imported only where vLLM 0.34 is installed:
+
+* ``window_table.py``: each request slot's window, kept on the device between steps, and one
+  step's plan of them (pure torch);
+* ``model_state.py``: ``WeDLMModelState``, vLLM's ``ModelState`` for a WeDLM model: per-slot windows,
+  the window's rows in physical order at logical RoPE positions, and the sampler hook;
+* ``sampler.py``: ``WeDLMSampler``, which runs ``core`` (select, fill, commit) in place of vLLM's
+  sampler and reports each window's committed run as the step's sampled tokens;
+* ``scheduler.py``: ``WeDLMScheduler``, vLLM's ``DiffusionScheduler`` for a model that is not
+  marked ``is_diffusion``: no bonus token, and a canvas of placeholders for every window;
+* ``model.py`` / ``registration.py``: the model class that names the state, and what the plugin
+  registers with vLLM 0.34.
+
+A window's forward is a canvas of a fixed 2 W rows (``canvas_width``): its committed run, at most
+W, then W undecided slots, then padding rows, which causal attention keeps from the others.
+This slice runs plain WeDLM, greedy, at a fixed W, under synchronous scheduling.
+"""

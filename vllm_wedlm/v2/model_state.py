@@ -1,0 +1,97 @@
+"""``WeDLMModelState``: vLLM 0.34's ``ModelState`` for a WeDLM model on the V2 runner.
+
+The runner calls it in this order each step: ``remove_request`` / ``add_request`` (slots),
+``prepare_inputs`` (after the runner wrote prefill ids, sequential positions, slot mappings and the
+rows to sample from), the forward, ``compute_sample_logits``, the sampler (``custom_sampler``),
+then ``postprocess_state`` (after ``post_update`` advanced each request by its committed run).
+
+A window's rows are its canvas: a decoding request is scheduled a fixed ``canvas_width`` placeholder
+(draft) tokens and samples no token of its own (``num_new_sampled_tokens_per_step = 0``), so all
+its rows are logits rows and a prefill has none. ``prepare_inputs`` writes the window into those
+rows in physical order (filled slots first, then masks, then padding) and returns their logical
+RoPE positions; the KV slot of a row stays its physical one (vLLM computed the slot mappings from
+its own sequential positions before this hook), so the committed run's KV is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import NewRequestData
+from vllm.v1.worker.gpu.input_batch import InputBatch
+from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
+from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+from vllm.v1.worker.gpu.states import RequestState
+
+from vllm_wedlm.core.batch import plan_windows
+from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams
+from vllm_wedlm.v2.sampler import WeDLMSampler
+from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
+
+
+class WeDLMModelState(DefaultModelState):
+    """vLLM's default model state (embeddings, attention metadata) plus the WeDLM window."""
+
+    num_new_sampled_tokens_per_step = 0  # a window commits what it forwarded: no bonus token
+
+    def __init__(self, vllm_config: VllmConfig, model: nn.Module, encoder_cache: EncoderCache | None,
+                 device: torch.device):
+        super().__init__(vllm_config, model, encoder_cache, device)
+        canvas = vllm_config.num_speculative_tokens
+        if canvas <= 0 or canvas % 2:
+            raise ValueError(f"a WeDLM canvas is 2 W placeholder tokens (the diffusion canvas_length), got {canvas}")
+        self.window_size = canvas // 2
+        self.params: WeDLMParams = DEFAULT_PARAMS
+        mask_id = getattr(self.model_config.hf_config, "mask_token_id", None)
+        if mask_id is None:
+            raise ValueError("a WeDLM model's config names its mask_token_id")
+        self.mask_id = int(mask_id)
+        self.table = WindowTable(self.max_num_reqs, self.window_size, self.mask_id, device)
+        # Logical RoPE positions of the step's rows (a static buffer, as graphs need).
+        self.positions = torch.zeros(self.max_num_tokens, dtype=torch.long, device=device)
+        self.step: WindowStep | None = None
+
+    def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
+        super().add_request(req_index, new_req_data)
+        self.table.add(req_index, new_req_data.req_id, len(new_req_data.prefill_token_ids))
+
+    def remove_request(self, req_id: str) -> None:
+        super().remove_request(req_id)
+        self.table.remove(req_id)
+
+    def prepare_inputs(self, input_batch: InputBatch, req_states: RequestState) -> dict[str, Any]:
+        num_logits = np.diff(input_batch.cu_num_logits_np[: input_batch.num_reqs + 1])
+        windowed = np.flatnonzero(num_logits > 0)  # requests with a canvas; prefills have no logits rows
+        self.step = None
+        if not len(windowed):
+            return {}
+        batch_index = torch.from_numpy(windowed).to(self.device)
+        slots = input_batch.idx_mapping[batch_index]
+        committed = req_states.num_computed_tokens.gpu[slots].long()
+        width = torch.from_numpy(num_logits[windowed]).to(self.device)
+        # A canvas is cut short only at max_model_len, where the window ends too; running requests
+        # are scheduled first, so max_num_batched_tokens >= max_num_seqs * 2 W keeps the token
+        # budget from cutting one (a cut window would lose the rows of its last slots).
+        plan = plan_windows(self.table.windows.rows(slots), self.window_size, committed, committed + width)
+        rows = torch.arange(canvas_width(self.window_size), device=self.device)[None] < width[:, None]  # [B, C]
+        sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
+        input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
+        num_tokens = input_batch.num_tokens_after_padding
+        positions = self.positions[:num_tokens]
+        positions.copy_(input_batch.positions[:num_tokens])
+        positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
+        self.step = WindowStep(batch_index, slots, plan, rows)
+        return {"positions": positions}
+
+    def postprocess_state(self, idx_mapping: torch.Tensor, num_sampled: torch.Tensor,
+                          num_computed_tokens: torch.Tensor | None = None) -> None:
+        if num_computed_tokens is not None:
+            live = idx_mapping[idx_mapping >= 0]
+            self.table.committed[live] = num_computed_tokens[live].long()
+
+    def custom_sampler(self, sampler: Any) -> tuple[WeDLMSampler, None]:
+        return WeDLMSampler(sampler, self.table, self.params, lambda: self.step), None

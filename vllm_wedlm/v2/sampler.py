@@ -1,0 +1,74 @@
+"""``WeDLMSampler``: the V2 runner's sampler for WeDLM windows, built on ``core``.
+
+Given the logits of every canvas row (``WeDLMModelState.prepare_inputs`` planned them), it draws a
+token for each row, fills the chosen masks of each window, drops its committed run and keeps the
+next window in the table. The committed run (the leading filled slots the forward just wrote the
+exact KV of) is what the step reports as sampled: ``post_update`` appends those tokens and advances
+the request by their count, since every other canvas row counts as rejected. A prefill samples none.
+
+vLLM's own sampler keeps its per-request state (the runner adds requests to it and reads its
+penalty counts), so this one wraps it and forwards those calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm.v1.worker.gpu.input_batch import InputBatch, get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+from vllm_wedlm.core.batch import fill_masks, slots_of_rows
+from vllm_wedlm.core.params import WeDLMParams, selection_tensors
+from vllm_wedlm.core.sampling import SamplingBatch, sample
+from vllm_wedlm.core.selection import row_entropy
+from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
+
+_GREEDY = SamplingBatch(temperature=None, top_k=None, top_p=None, ban_mask_token=None)
+
+
+class WeDLMSampler:
+    def __init__(self, base: Any, table: WindowTable, params: WeDLMParams,
+                 current_step: Callable[[], WindowStep | None]):
+        self.base = base  # vLLM's Sampler: per-request sampling state, penalties, log-prob ids
+        self.table = table
+        self.params = params
+        self.current_step = current_step  # the model state's plan of this step's windows
+        self.req_states = base.req_states
+        self.penalties_state = base.penalties_state  # post_update counts the committed tokens in it
+
+    def add_request(self, req_idx: int, sampling_params: Any) -> None:
+        self.base.add_request(req_idx, sampling_params)
+
+    def apply_staged_writes(self) -> None:
+        self.base.apply_staged_writes()
+
+    def __call__(self, logits: torch.Tensor, input_batch: InputBatch) -> SamplerOutput:
+        width = canvas_width(self.table.window_size)
+        sampled = torch.zeros(input_batch.num_reqs, width, dtype=torch.int64, device=logits.device)
+        num_sampled = torch.zeros(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
+        step = self.current_step()
+        if step is not None:
+            sampled[step.batch_index] = step.plan.windows.tokens  # the committed runs lead
+            num_sampled[step.batch_index] = step.plan.num_commit.to(torch.int32)
+            self._finish_windows(logits, step)
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits, input_batch.idx_mapping,
+            self.req_states.prefill_len.gpu)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
+                             num_sampled=num_sampled, num_rejected=num_rejected)
+
+    def _finish_windows(self, logits: torch.Tensor, step: WindowStep) -> None:
+        """Fill the chosen masks of the step's windows from their own rows' draws, drop the
+        committed runs, and keep the next windows in the table."""
+        plan, mask_id = step.plan, self.table.mask_id
+        entropy = torch.zeros(step.rows.shape, dtype=torch.float32, device=logits.device)  # [B, C] per row
+        drawn = torch.zeros(step.rows.shape, dtype=torch.int64, device=logits.device)
+        entropy[step.rows] = row_entropy(logits)
+        drawn[step.rows] = sample(logits, _GREEDY, mask_id)
+        first_row = torch.zeros_like(plan.num_commit)
+        tau, lam = selection_tensors([self.params] * len(step.slots), logits.device)
+        windows = fill_masks(plan.windows, plan.num_commit, slots_of_rows(entropy, plan.order, first_row),
+                             slots_of_rows(drawn, plan.order, first_row), tau, lam, mask_id)
+        self.table.windows.store(step.slots, windows)

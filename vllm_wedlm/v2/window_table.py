@@ -1,0 +1,74 @@
+"""Each request slot's WeDLM window, kept on the device between steps (V2's per-slot state), and
+the plan of one step's windows (``WindowStep``), made before the forward and finished after it.
+
+vLLM's V2 runner gives every running request a slot (its row in the runner's request state) and
+removes a request both when it finishes and when it is preempted, without saying which. A removed
+request's window is kept aside by request id, with the length of its committed tokens: a
+preempted request comes back with exactly those tokens to prefill, and then resumes its window
+where it stopped (its fills are never lost, so its output does not depend on the preemption).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from vllm_wedlm.core.batch import BatchPlan, WindowBatch
+
+
+def canvas_width(window_size: int) -> int:
+    """Rows of a window's forward: its committed run (at most ``window_size``) and ``window_size``
+    undecided slots after it (``core.batch``'s capacity)."""
+    return 2 * window_size
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """The windows of one step, planned before the forward and finished by the sampler."""
+
+    batch_index: torch.Tensor  # [B] int64: each window's request in the step's batch
+    slots: torch.Tensor  # [B] int64: its slot in the table
+    plan: BatchPlan  # refilled windows and their physical order
+    rows: torch.Tensor  # [B, C] bool: canvas rows the step forwards (all C but near max_model_len)
+
+
+class WindowTable:
+    def __init__(self, max_num_reqs: int, window_size: int, mask_id: int, device: torch.device | str):
+        self.window_size = window_size
+        self.mask_id = mask_id
+        self.device = device
+        self.windows = WindowBatch.empty(max_num_reqs, canvas_width(window_size), mask_id, device)
+        # [max_num_reqs] int64: tokens before each slot's window (prompt + committed output).
+        self.committed = torch.zeros(max_num_reqs, dtype=torch.long, device=device)
+        self.slot_of: dict[str, int] = {}
+        # Windows of removed requests, oldest first: request id -> (committed length, window).
+        self.kept: OrderedDict[str, tuple[int, WindowBatch]] = OrderedDict()
+        self.max_kept = max_num_reqs
+        self.num_resumed = 0  # windows given back to preempted requests
+        self.resumed_fills = 0  # filled slots they held (one host sync per resumed request)
+
+    def add(self, slot: int, req_id: str, num_tokens: int) -> None:
+        """Give ``slot`` to a request of ``num_tokens`` tokens to prefill: its kept window when it
+        was removed at that length (a preemption), else none yet (the first step plans W masks)."""
+        kept = self.kept.pop(req_id, None)
+        if kept is not None and kept[0] == num_tokens:
+            window = kept[1]
+            self.num_resumed += 1
+            self.resumed_fills += int(window.filled.sum())
+        else:
+            window = WindowBatch.empty(1, self.windows.capacity, self.mask_id, self.device)
+        self.windows.store(torch.tensor([slot], device=self.device), window)
+        self.committed[slot] = num_tokens
+        self.slot_of[req_id] = slot
+
+    def remove(self, req_id: str) -> None:
+        """Free the request's slot, keeping its window in case it was preempted (one host sync)."""
+        slot = self.slot_of.pop(req_id, None)
+        if slot is None:
+            return
+        index = torch.tensor([slot], device=self.device)
+        self.kept[req_id] = (int(self.committed[slot]), self.windows.rows(index))
+        while len(self.kept) > self.max_kept:  # finished requests' windows are never asked for
+            self.kept.popitem(last=False)
