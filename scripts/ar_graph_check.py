@@ -6,7 +6,7 @@ Greedy ``wedlm_decoding: ar`` requests on a ``--decoding wedlm`` engine must giv
 tokens. For each engine configuration and batch size (1 to 64 arithmetic prompts of the benchmark
 workload, max_tokens 256), it records how many requests differ from the AR engine's and the first
 token where each of the first five does, and the steps run per graph mode. Found that a FULL graph
-of a step of AR requests alone gave wrong tokens (BENCHMARKS.md 5.13).
+of a step of AR requests alone gave wrong tokens (lab notebook 5.13).
 
 The ``v1-full`` and ``v1-full-and-piecewise`` configurations leave the plugin's WeDLM runner out:
 an AR engine on vLLM's own V1 runner with that graph mode. On an H100 (bf16, FlashAttention 3)

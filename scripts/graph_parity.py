@@ -9,7 +9,7 @@ seeded sampling, per-request AR, several thresholds) twice: once with the plugin
 once with vLLM's FULL_AND_PIECEWISE default, where windows replay PIECEWISE graphs and attention
 runs eagerly between the pieces. Window steps run the same kernels with the same settings in both,
 so every token must agree; each run must also have replayed the graph mode it claims. On the H100
-some per-request AR requests once differed (BENCHMARKS.md, section 5.1), once only they remained:
+some per-request AR requests once differed (lab notebook 5.1), once only they remained:
 FULL graphs replayed with FlashAttention 3's schedule computed outside them (section 5.13), since
 moved into the graph.
 The batch is large enough that captured steps are longer than ``max_model_len`` (graph capture of

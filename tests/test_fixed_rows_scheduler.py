@@ -12,7 +12,7 @@ window's filled slots, planned as ``core.batch.plan_windows`` plans them, with f
 random; a window given fewer rows than it has (a predicted run too short) is void for the step.
 The GPU runs the real engine with async scheduling in ``test_fixed_window_rows.py``.
 
-This found the bug behind the device-side index asserts seen at batch 64 (BENCHMARKS 5.10): a run
+This found the bug behind the device-side index asserts seen at batch 64 (lab notebook 5.10): a run
 returned while the request's next window step was already in flight was taken off the computed
 tokens once too often, so after a held step a window was scheduled rows for two runs.
 """

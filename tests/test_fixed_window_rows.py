@@ -141,7 +141,7 @@ QWEN3_8B = SimpleNamespace(hidden_size=4096, num_attention_heads=32, head_dim=12
 def test_the_padding_gate_follows_the_step_cost_measured():
     gate = padding_gate(True, QWEN3_8B, None)
     assert gate.knee == 256 and 100 <= gate.budget <= 140, gate
-    # W 16 on the 8B shape (BENCHMARKS 5.8): one-token runs pipeline at batch 1 (32 rows under the
+    # W 16 on the 8B shape (lab notebook 5.8): one-token runs pipeline at batch 1 (32 rows under the
     # knee) but not at 16 (512 against 272 rows); whole runs pipeline at any batch (no padding).
     assert gate.pipelines(32, 17) and not gate.pipelines(16 * 32, 16 * 17) and not gate.pipelines(64 * 32, 64 * 17)
     assert gate.pipelines(8 * 32, 8 * 17) and gate.pipelines(64 * 32, 64 * 32)
@@ -158,7 +158,7 @@ def test_the_padding_gate_follows_the_step_cost_measured():
 def test_a_model_too_small_to_hide_the_host_schedules_synchronously_by_default():
     """The start-up rule (``async_gate.default_async_scheduling``): with no scheduling flag, a model
     whose forward at the knee is shorter than the host work that overlap hides (below about 3.4B
-    parameters) gets synchronous scheduling and exact rows (faster on the H100, BENCHMARKS 5.16),
+    parameters) gets synchronous scheduling and exact rows (faster on the H100, lab notebook 5.16),
     a larger one vLLM's default (None: async); a flag given decides for itself."""
     small = SimpleNamespace(hidden_size=384, num_attention_heads=6, num_key_value_heads=2, intermediate_size=1152,
                             num_hidden_layers=6)  # the "small" recipe's model

@@ -107,7 +107,7 @@ def test_steps_of_ar_requests_alone_equal_eager_ones():
     """A WeDLM engine's steps in which every request forwards one token (AR requests only) replay
     its CUDA graphs and give the tokens of the same engine run eagerly. On a GPU in bf16
     (FlashAttention 3, FULL graphs) such steps gave wrong tokens while vLLM computed the attention
-    schedule outside the graph (BENCHMARKS 5.13); on the CPU there are no graphs, and the two runs
+    schedule outside the graph (lab notebook 5.13); on the CPU there are no graphs, and the two runs
     must agree all the same."""
     from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
     from vllm_wedlm.engine_settings import on_gpu

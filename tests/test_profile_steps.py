@@ -1,5 +1,5 @@
 """benchmarks.profile_steps runs end to end on the real engine (CPU here), on a model shape with
-random weights (``--shape``), as the H100 profiles of BENCHMARKS.md 5.10 ran it. What is asserted
+random weights (``--shape``), as the H100 profiles of lab notebook 5.10 ran it. What is asserted
 are the counts it reports, which the algorithm fixes: every answer runs to ``--max-tokens``; AR
 takes one step per token; WeDLM filling every mask (tau above any entropy) takes one step per W
 tokens, its first window riding with the prompt."""

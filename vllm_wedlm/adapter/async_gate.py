@@ -6,7 +6,7 @@ forward before it, but the padding rows cost forward time once a step has more t
 GPU reads weights for. The scheduler asks ``PaddingGate.pipelines`` each step: pipelined with 2W
 rows per window, or after the step before it with each window's exact rows (``W`` plus its run).
 
-The model of a step (H100 measurements of the Qwen3-8B shape, BENCHMARKS 5.7 and 5.8): a forward of
+The model of a step (H100 measurements of the Qwen3-8B shape, lab notebook 5.7 and 5.8): a forward of
 up to ``KNEE_TOKENS`` tokens costs what reading the weights costs; beyond it, each token costs its
 FLOPs at ``FLOP_RATE``. Pipelining hides ``HOST_SECONDS`` of host work. So padding pays while its
 tokens beyond the knee cost less than that: ``HOST_SECONDS * FLOP_RATE / FLOPs per token`` tokens,
@@ -17,7 +17,7 @@ hides at most a forward's time of host work per step, and it costs: the step aft
 one is scheduled before that last one is back, and each step's tokens reach the user after the next
 step is launched. Where a whole forward at the knee costs less than ``HOST_SECONDS`` (models below
 about 3.4B parameters in bf16) it loses, measured on one H100 with the trained ``small`` model,
-arithmetic, WeDLM / AR (BENCHMARKS 5.16): pipelined fixed rows 3.6x at batch 1 against 5.4x
+arithmetic, WeDLM / AR (lab notebook 5.16): pipelined fixed rows 3.6x at batch 1 against 5.4x
 synchronous (5.11), and fixed rows whose window steps wait for the one before under async
 scheduling 4.9x against 6.6x at batch 1, 1.9x against 2.6x at batch 64 (the same tokens per forward:
 the empty schedule of each wait costs). So such a model's engine schedules synchronously with exact
@@ -41,7 +41,7 @@ FLOP_RATE = 650e12
 KNEE_TOKENS = 256
 #: Rows a window step takes before each costs its FLOPs, for the adaptive window's cost curve: the
 #: knee the steps show, below the weight-read roofline's. Qwen3-8B shape, W 1 windows (2 rows each),
-#: one H200, BENCHMARKS 7: 5.38 / 5.62 / 7.33 ms at 2 / 32 / 128 rows, 18 µs a row past 32.
+#: one H200, lab notebook 5.20: 5.38 / 5.62 / 7.33 ms at 2 / 32 / 128 rows, 18 µs a row past 32.
 WINDOW_KNEE_TOKENS = 32
 
 

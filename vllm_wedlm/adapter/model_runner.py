@@ -258,7 +258,7 @@ class WeDLMRunnerMixin:
                         # mixed-batch graphs for every step, and where the two lengths differ the
                         # schedule need not fit the kernel: at one token per request (AR-decoded
                         # requests alone; vLLM's own V1 runner with cudagraph_mode FULL too) the
-                        # tokens were wrong (BENCHMARKS.md 5.13). Without it, FlashAttention computes
+                        # tokens were wrong (lab notebook 5.13). Without it, FlashAttention computes
                         # the schedule inside the graph, from the kernel's own arguments. Its split
                         # bound (max_num_splits), set for graphs, stays.
                         builder.aot_schedule = False

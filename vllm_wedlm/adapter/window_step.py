@@ -4,9 +4,9 @@ A step whose logits rows are all mask rows of plain windows (no prefill ending, 
 request) does the same thing every time: the draw and entropy of each mask row, fills, commit,
 refill and the next physical order (``core.batch``), then what the host needs back. Run eagerly
 that is about 110 small kernels, each paying the host's launch overhead (about 1 ms per step on the
-H100's host at any batch size, BENCHMARKS 5.4), and the logits are read several times over in
+H100's host at any batch size, lab notebook 5.4), and the logits are read several times over in
 float32 (a float copy, the draw, the entropy's log-softmax, exp and products: about 1 ms per step
-of GPU time at 256 mask rows of a 151,936-token vocabulary, BENCHMARKS 5.10). Compiled, it is a few
+of GPU time at 256 mask rows of a 151,936-token vocabulary, lab notebook 5.10). Compiled, it is a few
 kernels that read the logits a few times. Two forms:
 
 * ``plain_window_step``: the synchronous runner's (each window's mask rows, its packet copied back),
@@ -16,7 +16,7 @@ kernels that read the logits a few times. Two forms:
   (``compiled_window_step(fixed_rows=True)``).
 
 With every row greedy the draw is made inside (``tokens`` None): compiled, it reads the bfloat16
-logits once, with no float copy (BENCHMARKS 5.10). Both only compose ``core``'s functions, which the
+logits once, with no float copy (lab notebook 5.10). Both only compose ``core``'s functions, which the
 reference decoder runs eagerly; the CPU runs them eagerly too.
 """
 
@@ -190,7 +190,7 @@ def compiled_window_step(table: WindowTable, logits_of_rows: Callable[[int], tor
     draws, slots and starts come from ``sample`` and ``plan_rows``, in inference mode as a step runs
     (dynamo guards on it: a warm-up outside it left every GPU step eager). After that nothing
     compiles: a variant not compiled here runs eagerly rather than compiling inside a request's step
-    (seconds: the H100 showed two such stalls at batch 1; BENCHMARKS.md 5.4), or raises with
+    (seconds: the H100 showed two such stalls at batch 1; lab notebook 5.4), or raises with
     ``fail_on_miss`` (for tests). ``runs["compiled"]`` counts the calls after start-up that ran
     compiled code (an eager fallback is silent otherwise)."""
     begin = time.perf_counter()

@@ -14,7 +14,7 @@ def row_entropy(logits: torch.Tensor) -> torch.Tensor:
     bfloat16 the entropy is too coarse to compare with a threshold reliably). With y = x - max(x),
     S = sum(e^y) and T = sum(e^y * y), the entropy is log S - T / S: after the max, one pass over
     the row gives both sums (compiled, two reads of the logits; the log-softmax form takes three,
-    BENCHMARKS 5.10).
+    lab notebook 5.10).
     """
     shifted = logits.float()
     shifted = shifted - shifted.amax(dim=-1, keepdim=True)  # [N, V], <= 0
