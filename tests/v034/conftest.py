@@ -4,11 +4,13 @@ vLLM 0.34 has no CPU build, and its V2 runner prepares inputs with Triton kernel
 through Triton's interpreter on CPU tensors: TRITON_INTERPRET=1; CUDA_VISIBLE_DEVICES="" keeps
 vLLM's Triton import on (``vllm/triton_utils/importing.py``); VLLM_TARGET_DEVICE=cpu picks the CPU
 platform, and ``vllm.v1.worker.cpu.shm`` applies vLLM's own patches of the V2 buffers for CPUs.
-Set before vLLM or Triton is imported.
+VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps an engine's core in this process, where cpu_engine.py
+installs what vLLM's missing CPU extension would provide. Set before vLLM or Triton is imported.
 """
 
 import os
 
-os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu")
+os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu",
+                  VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 import vllm.v1.worker.cpu.shm  # noqa: E402,F401

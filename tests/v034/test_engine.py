@@ -1,0 +1,65 @@
+"""The V2 binding in vLLM 0.34's real engine on the CPU (cpu_engine.py): ``vllm.LLM`` serves the
+micro model with WeDLM windows (W 16, greedy), token for token what the reference decoder gives, and
+in fewer forwards than tokens."""
+
+from __future__ import annotations
+
+import json
+
+import cpu_engine
+import pytest
+from vllm import LLM, SamplingParams
+
+from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
+from vllm_wedlm.evaluation import held_out_tasks
+from vllm_wedlm.models.transformers_body import load_transformers_model
+from vllm_wedlm.reference.decoder import ReferenceDecoder, StopRule
+from vllm_wedlm.training.data.tasks import chat_prompt
+from vllm_wedlm.v2.model_state import WeDLMModelState
+from vllm_wedlm.v2.registration import register
+
+W = 16
+STOP = sorted(json.loads((MICRO_CHECKPOINT / "generation_config.json").read_text())["eos_token_id"])
+MASK_ID = json.loads((MICRO_CHECKPOINT / "config.json").read_text())["mask_token_id"]
+MAX_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def outputs(monkeypatch_module) -> dict[str, object]:
+    cpu_engine.install()
+    register()  # before the plugin's entry point registers the V1 adapter's model class
+    forwards = []
+    prepare = WeDLMModelState.prepare_inputs
+
+    def counted(self, input_batch, req_states):
+        result = prepare(self, input_batch, req_states)
+        forwards.append(0 if self.step is None else len(self.step.slots))  # windows in the forward
+        return result
+
+    monkeypatch_module.setattr(WeDLMModelState, "prepare_inputs", counted)
+    llm = LLM(model=str(MICRO_CHECKPOINT), max_model_len=512, max_num_seqs=4,
+              diffusion_config={"canvas_length": 2 * W}, scheduler_cls="vllm_wedlm.v2.scheduler.WeDLMScheduler",
+              **cpu_engine.ENGINE_ARGS)
+    tokenizer = llm.get_tokenizer()
+    tasks = held_out_tasks(4, ("arithmetic",), max_number=19)["arithmetic"]
+    prompts = [chat_prompt(tokenizer, t) for t in tasks]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP)
+    results = llm.generate(prompts, params, use_tqdm=False)
+    return {"prompts": [tokenizer(p)["input_ids"] for p in prompts], "results": results, "forwards": forwards}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_the_real_engine_decodes_windows_as_the_reference(outputs):
+    reference = ReferenceDecoder(load_transformers_model(MICRO_CHECKPOINT), mask_token_id=MASK_ID, window_size=W)
+    tokens = 0
+    for prompt, result in zip(outputs["prompts"], outputs["results"], strict=True):
+        expected = reference.generate(prompt, StopRule(max_tokens=MAX_TOKENS, stop_token_ids=frozenset(STOP)))
+        assert list(result.outputs[0].token_ids) == expected.token_ids
+        tokens += len(expected.token_ids)
+    windows = sum(outputs["forwards"])  # request-forwards with a window
+    assert 0 < windows < tokens / 4, (windows, tokens)  # several tokens committed per window forward
