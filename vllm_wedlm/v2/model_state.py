@@ -64,11 +64,14 @@ class WeDLMModelState(DefaultModelState):
         self.table.remove(req_id)
 
     def prepare_inputs(self, input_batch: InputBatch, req_states: RequestState) -> dict[str, Any]:
+        num_tokens = input_batch.num_tokens_after_padding
+        positions = self.positions[:num_tokens]  # what a FULL graph reads (prepare_dummy_inputs)
+        positions.copy_(input_batch.positions[:num_tokens])
         num_logits = np.diff(input_batch.cu_num_logits_np[: input_batch.num_reqs + 1])
         windowed = np.flatnonzero(num_logits > 0)  # requests with a canvas; prefills have no logits rows
         self.step = None
-        if not len(windowed):
-            return {}
+        if not len(windowed) or input_batch.req_ids[windowed[0]] not in self.table.slot_of:
+            return {"positions": positions}  # no window, or a dummy batch (profiling, capture): no slot touched
         batch_index = torch.from_numpy(windowed).to(self.device)
         slots = input_batch.idx_mapping[batch_index]
         committed = req_states.num_computed_tokens.gpu[slots].long()
@@ -80,12 +83,14 @@ class WeDLMModelState(DefaultModelState):
         rows = torch.arange(canvas_width(self.window_size), device=self.device)[None] < width[:, None]  # [B, C]
         sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
-        num_tokens = input_batch.num_tokens_after_padding
-        positions = self.positions[:num_tokens]
-        positions.copy_(input_batch.positions[:num_tokens])
         positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
         self.step = WindowStep(batch_index, slots, plan, rows)
         return {"positions": positions}
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+        # A FULL graph is captured with these buffers and replays reading them: the logical
+        # positions must live in the buffer prepare_inputs writes.
+        return {**super().prepare_dummy_inputs(num_reqs, num_tokens), "positions": self.positions[:num_tokens]}
 
     def postprocess_state(self, idx_mapping: torch.Tensor, num_sampled: torch.Tensor,
                           num_computed_tokens: torch.Tensor | None = None) -> None:
