@@ -6,6 +6,11 @@
                                                                 each cell the median of the runs [min-max]
     python -m benchmarks report --expect A.json B.json C.json   step-cost runs of the Qwen3-8B shape: what
                                                                 WeDLM-8B's published speed-ups become per batch
+    python -m benchmarks report --versus A.json [B.json ...]    offline or online runs of several modes (their
+                                                                kinds or loads in different files): one row
+                                                                per point, each mode against AR of its run
+    python -m benchmarks report --windows A.json [B.json ...]   where an adaptive window's W went: the share
+                                                                of windows planned at each W, per point
     python -m benchmarks report --update BENCHMARKS.md          re-render every marked block of a page
     python -m benchmarks report --check BENCHMARKS.md           exit 1 if a marked block is stale
 
@@ -178,6 +183,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--expect", action="store_true",
                      help="the files are step-cost runs of the Qwen3-8B shape: the speed-ups WeDLM-8B's "
                      "published numbers imply at each batch size measured (derived)")
+    how.add_argument("--versus", action="store_true",
+                     help="offline or online runs of several modes: one row per point (task, load), each mode's "
+                     "output tok/s against AR's of the same run, with its tokens per forward")
+    how.add_argument("--windows", action="store_true",
+                     help="where the adaptive window's W went: windows planned at each W, per point and mode")
     how.add_argument("--update", metavar="PAGE", help="re-render every marked block of PAGE in place")
     how.add_argument("--check", metavar="PAGE", help="exit 1 if a marked block of PAGE is not what its files render")
 
@@ -216,6 +226,10 @@ def render(args: argparse.Namespace, base: Path = Path(".")) -> str:
         return expectation(records, args.results)
     if args.median:
         return summary(records, args.results)
+    if args.versus:
+        return versus(records, args.results)
+    if args.windows:
+        return window_shares(records, args.results)
     return "\n\n".join(_one(record, path) for record, path in zip(records, args.results, strict=True))
 
 
@@ -335,6 +349,86 @@ def _commands(records: list[dict]) -> str:
     """The runs' commands without the paths they wrote to (the same command, run again)."""
     commands = list(dict.fromkeys(_SCRATCH.sub("", r["command"]) for r in records if r.get("command")))
     return "Command: " + "; ".join(f"`{c}`" for c in commands) + "." if commands else ""
+
+
+# ---- several modes against AR, and where W went ------------------------------------------------
+
+def _load_key(record: dict) -> str:
+    return "batch_size" if record["benchmark"] == "offline" else "concurrency"
+
+
+def _points(records: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(task, load) -> mode -> row, over runs that measured different points (kinds, loads)."""
+    if len({r["benchmark"] for r in records}) != 1 or records[0]["benchmark"] not in ("offline", "online"):
+        raise ValueError("--versus and --windows take offline or online runs of one benchmark")
+    points: dict[tuple, dict[str, dict]] = {}
+    for record in records:
+        for row in record["rows"]:
+            modes = points.setdefault((row["kind"], row[_load_key(record)]), {})
+            if row["mode"] in modes:
+                raise ValueError(f"{row['mode']} at {row['kind']}, {row[_load_key(record)]} is in two files")
+            modes[row["mode"]] = row
+    return points
+
+
+def versus(records: list[dict], paths: list[str]) -> str:
+    """One row per point: AR's output tok/s [its timed repeats' spread], then each other mode's
+    tok/s over AR's of the same run (the medians' ratio) with its tokens per forward, and the
+    accuracy of every mode where the task is scored."""
+    points = _points(records)
+    modes = list(dict.fromkeys(row["mode"] for record in records for row in record["rows"] if row["mode"] != "ar"))
+    load = "batch" if records[0]["benchmark"] == "offline" else "concurrency"
+    scored = any(row.get("accuracy") is not None for by_mode in points.values() for row in by_mode.values())
+    header = ["task", load, "AR tok/s", *(f"{m} vs AR (TPF)" for m in modes)]
+    if scored:
+        header.append("accuracy: " + " / ".join(["ar", *modes]))
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (kind, size), by_mode in points.items():
+        ar = by_mode["ar"]
+        cells = [kind, str(size), _cell(_repeats("output_tok_s", ar))]
+        for mode in modes:
+            row = by_mode.get(mode)
+            cells.append("" if row is None else
+                         f"{row['output_tok_s'] / ar['output_tok_s']:.3g}x ({_cell(row.get('tokens_per_forward'))})")
+        if scored:
+            scores = [by_mode.get(m, {}).get("accuracy") for m in ["ar", *modes]]
+            cells.append("" if all(a is None for a in scores) else " / ".join(_cell(a) for a in scores))
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"One run per file; each timing is the median of its {ar.get('repeats')} interleaved repeats; "
+             "a ratio is of the medians of one run.", _environment(records), _commands(records), _files(paths)]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def _share(fraction: float) -> str:
+    percent = f"{100 * fraction:.0f}"
+    return "" if not fraction else "<1%" if percent == "0" else f"{percent}%"
+
+
+#: W classes of the ``--windows`` table: (label, lowest, highest).
+W_CLASSES = (("W 0", 0, 0), ("W 1", 1, 1), ("W 2-3", 2, 3), ("W 4-7", 4, 7), ("W 8-11", 8, 11), ("W 12-15", 12, 15),
+             ("W 16", 16, 16))
+
+
+def window_shares(records: list[dict], paths: list[str]) -> str:
+    """Per point and adaptive mode: the windows its engine planned (in the last timed repeat) and the
+    share at each class of W (``W_CLASSES``; W 0: an AR step of the batch, or a window of its run
+    alone on fixed rows)."""
+    points = _points(records)
+    load = "batch" if records[0]["benchmark"] == "offline" else "concurrency"
+    header = ["task", load, "mode", "windows", *(label for label, _, _ in W_CLASSES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (kind, size), by_mode in points.items():
+        for mode, row in by_mode.items():
+            counts = {int(w): n for w, n in (row.get("window_histogram") or {}).items()}
+            if not counts:
+                continue
+            if max(counts) > W_CLASSES[-1][2]:
+                raise ValueError(f"{mode}: a W above {W_CLASSES[-1][2]} ({max(counts)})")
+            total = sum(counts.values())
+            shares = [sum(n for w, n in counts.items() if low <= w <= high) / total for _, low, high in W_CLASSES]
+            lines.append("| " + " | ".join([kind, str(size), mode, str(total),
+                                            *(_share(x) for x in shares)]) + " |")
+    return "\n".join(lines) + "\n\n" + _files(paths)
 
 
 # ---- scripts/multi_gpu_check.py's result files --------------------------------------------------

@@ -23,8 +23,8 @@ PAGE = ROOT / "BENCHMARKS.md"
 RESULTS = ROOT / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 #: The page's headline tables; dropping one from the page fails the test.
-HEADLINES = {"step-cost-8b", "offline-small", "online-small", "micro-lossless", "multi-gpu", "smollm2", "expect",
-             "offline-small-prose"}
+HEADLINES = {"step-cost-8b", "offline-small", "online-small", "multi-gpu", "smollm2", "expect", "where-w-goes",
+             "step-cost-8b-auto"}
 
 
 # ---- the page against the files -----------------------------------------------------------------
@@ -139,6 +139,27 @@ def test_report_median_table_cells_and_notes():
     assert "Median of 3 runs" in text and "Every row: task arithmetic, batch 1, requests 16" in text
     assert "Command: `python -m benchmarks offline`." in text  # the scratch path left out
     assert "[`c.json`](c.json)" in text
+
+
+def test_report_versus_and_where_w_goes_across_files_of_different_kinds():
+    """``--versus``: one row per point of files that measured different kinds, each mode's tok/s over
+    its run's AR; ``--windows``: the share of an adaptive mode's windows at each class of W."""
+    first = run(7.0, 8.0, 100.0, 600.0)
+    first["rows"][0].update(output_tokens=100, seconds_spread=[0.8, 1.25], repeats=3, accuracy=1.0)
+    first["rows"][1].update(tokens_per_forward=12.5, accuracy=0.5, window_histogram={"16": 3, "0": 1})
+    second = run(7.0, 8.0, 200.0, 100.0)
+    for row in second["rows"]:
+        row["kind"] = "prose"
+    second["rows"][1]["window_histogram"] = {"0": 199, "1": 1}
+    text = report.versus([first, second], ["a.json", "b.json"])
+    assert "| task | batch | AR tok/s | wedlm:0.4 vs AR (TPF) | accuracy: ar / wedlm:0.4 |" in text
+    assert "| arithmetic | 1 | 100 [80-125] | 6x (12.5) | 1 / 0.5 |" in text
+    assert "| prose | 1 | 200 | 0.5x () |  |" in text
+    shares = report.window_shares([first, second], ["a.json", "b.json"])
+    assert "| arithmetic | 1 | wedlm:0.4 | 4 | 25% |  |  |  |  |  | 75% |" in shares
+    assert "| prose | 1 | wedlm:0.4 | 200 | 100% | <1% |" in shares
+    with pytest.raises(ValueError, match="ar at arithmetic, 1 is in two files"):
+        report.versus([first, first], ["a.json", "a.json"])
 
 
 def test_report_expectation_arithmetic():

@@ -86,7 +86,7 @@ class ReferenceDecoder:
         """Decode ``prompt_ids`` until ``stop``.
 
         ``window_sizes``: W of each window planned, in order (the first forward's, the second's,
-        ...), where the engine sized each window itself (``--wedlm-window-size auto``; the engine's
+        ...), where the engine sized each window itself (the adaptive window, its default; the engine's
         record: ``wedlm_trace_window_sizes``); past its end, ``window_size``. W 0 is an AR step
         (``_ar_draw``): the forward commits the window's leading run and draws one token from the
         last committed row, so that a sequence of zeros is AR decoding.
