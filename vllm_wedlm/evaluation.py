@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quantization:
         overrides["quantization"] = args.quantization
     tasks = held_out_tasks(args.per_kind, tuple(args.kinds.split(",")), max_number=trained_max_number(args.model))
-    report = {"model": args.model, "per_kind": args.per_kind, "modes": {}}
+    # the window that ran: a fixed W, or the engine's default (the adaptive window)
+    report = {"model": args.model, "per_kind": args.per_kind, "window_size": args.window_size or "auto", "modes": {}}
     for mode in args.modes.split(","):
         report["modes"][mode] = evaluate_mode(
             args.model, mode, tasks, max_tokens=args.max_tokens,

@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="extra `python -m vllm_wedlm.training` arguments of one variant (repeatable)")
     parser.add_argument("--stage", choices=("train", "evaluate", "report", "all"), default="all")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
-    parser.add_argument("--evaluation-args", default="--per-kind 40",
+    # A fixed W: the adaptive window (the engine's default) sizes windows from step times, which runs
+    # side by side on one GPU disturb; a seed's spread must be the recipe's, not the machine's.
+    parser.add_argument("--evaluation-args", default="--per-kind 40 --window-size 16",
                         help="extra `python -m vllm_wedlm.evaluation` arguments")
     args = parser.parse_args(argv)
     out, seeds, variants = Path(args.out_dir), _seeds(args.seeds), _variants(args.variant)
