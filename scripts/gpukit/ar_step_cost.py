@@ -1,6 +1,6 @@
 """Stock vLLM's AR decoding step on the Qwen3-8B shape, for any vLLM version (issue 45's comparison).
 
-    VLLM_PLUGINS= python3 scripts/gpukit033/ar_step_cost.py --json OUT.json [--batch-sizes 1,16,64]
+    VLLM_PLUGINS= python3 scripts/gpukit/ar_step_cost.py --json OUT.json [--batch-sizes 1,16,64]
 
 Run it under the 0.26.0 kit and under the 0.33.0 kit on the same GPU machine: it imports nothing of
 this project (so the plugin's code never meets a vLLM it was not written for) and needs no tokenizer.

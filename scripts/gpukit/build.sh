@@ -1,33 +1,31 @@
 #!/usr/bin/env bash
-# Build the vLLM 0.33.0 GPU kit: torch 2.14.0, triton 3.8.0, NCCL 2.30.7, vLLM 0.33.0 (trimmed to what
-# a dense bf16 model on Hopper loads) and the Python packages they need that the GPU machine lacks
-# (requirements-cp312.txt), unpacked into one site tree, compressed with xz and split into parts that
-# each fit one device call with the working tree (64 MiB in all). README.md beside this says how to
-# send them and what the machine's own CUDA libraries stand in for.
+# Build the GPU kit of one vLLM version: torch, triton, NCCL and vLLM (trimmed to what a dense bf16
+# model on Hopper loads) and the Python packages they need that the GPU machine lacks
+# (requirements-vllm0YY-cp312.txt), unpacked into one site tree, compressed with xz and split into
+# parts that each fit one device call with the working tree (64 MiB in all). README.md beside this
+# says how to send them and what the machine's own CUDA libraries stand in for.
 #
-# Usage (from the project's root):  bash scripts/gpukit033/build.sh
-# Output: .gpukit033/p01 ... (git-ignored via .git/info/exclude); the kit itself is cached.
+# Usage (from the project's root):  bash scripts/gpukit/build.sh 0.34.0     (or 0.33.0)
+# Output: .gpukit034/p01 ... (git-ignored via .git/info/exclude); the kit itself is cached.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(git rev-parse --show-toplevel)"
-cache="${GPUKIT033_CACHE:-$HOME/.cache/gpukit-vllm033}"
-part_mb="${GPUKIT033_PART_MB:-50}"  # the working tree travels beside each part (about 11 MiB now)
-VLLM_VERSION=0.33.0
-mkdir -p "$cache/wheels"
-grep -qx '/.gpukit033/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpukit033/' >> "$root/.git/info/exclude"
-
-source "$here/platforms.sh"
+source "$here/kit.sh" "${1:-${VLLM_VERSION:-}}"
+VLLM_VERSION="$kit_version"
+part_mb="${GPUKIT_PART_MB:-50}"  # the working tree travels beside each part (about 11 MiB now)
+mkdir -p "$kit_cache/wheels"
+grep -qx "/$kit_parts/" "$root/.git/info/exclude" 2>/dev/null || echo "/$kit_parts/" >> "$root/.git/info/exclude"
 
 # The kit's name carries a hash of what decides its contents: rebuilt when they change.
-key="$(cat "$here/requirements-cp312.txt" "$here/build.sh" | sha256sum | cut -c1-12)"
-kit="$cache/kit-$key.tar.xz"
+key="$(cat "$kit_requirements" "$here/build.sh" | sha256sum | cut -c1-12)"
+kit="$kit_cache/kit-$key.tar.xz"
 if [ ! -f "$kit" ]; then
-  python3 -m pip download -q --no-deps "${plat[@]}" -d "$cache/wheels" "vllm==$VLLM_VERSION" \
-    -r "$here/requirements-cp312.txt"
+  python3 -m pip download -q --no-deps "${plat[@]}" -d "$kit_cache/wheels" "vllm==$VLLM_VERSION" \
+    -r "$kit_requirements"
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  python3 -m pip install -q --no-deps --no-index --no-compile "${plat[@]}" --find-links "$cache/wheels" \
-    --target "$work/site" "vllm==$VLLM_VERSION" -r "$here/requirements-cp312.txt"
+  python3 -m pip install -q --no-deps --no-index --no-compile "${plat[@]}" --find-links "$kit_cache/wheels" \
+    --target "$work/site" "vllm==$VLLM_VERSION" -r "$kit_requirements"
   v="$work/site/vllm"
   # What a dense bf16 model on Hopper does not load (all imported optionally by vLLM, as in the
   # 0.26 kit): FlashAttention 2 (FA3 serves sm90), the MoE, FlashMLA and FP4 kernels, DeepGEMM's JIT
@@ -44,14 +42,24 @@ if [ ! -f "$kit" ]; then
   mv "$kit.tmp" "$kit"
 fi
 
-rm -rf "$root/.gpukit033" && mkdir -p "$root/.gpukit033"
-(cd "$root/.gpukit033" && split -b "${part_mb}M" -d -a 2 "$kit" kit.txz.)
+out="$root/$kit_parts"
+rm -rf "$out" && mkdir -p "$out"
+(cd "$out" && split -b "${part_mb}M" -d -a 2 "$kit" kit.txz.)
 n=0
-for chunk in "$root"/.gpukit033/kit.txz.*; do
+for chunk in "$out"/kit.txz.*; do
   n=$((n + 1))
-  part="$root/.gpukit033/p$(printf %02d "$n")"
+  part="$out/p$(printf %02d "$n")"
   mkdir -p "$part" && mv "$chunk" "$part/"
 done
-cp "$here/stage.sh" "$here/install.sh" "$here/env.sh" "$root/.gpukit033/p01/"
-du -sh "$root"/.gpukit033/p* | sed "s|$root/||" | tr '\n' ' '; echo
-echo "kit ready: $n parts, $(du -sh "$kit" | cut -f1) ($kit); see scripts/gpukit033/README.md for the device calls"
+cp "$here/stage.sh" "$here/install.sh" "$here/env.sh" "$out/p01/"
+# What the GPU side's scripts read: this version's folders there.
+printf 'KIT_VLLM=%s\nKIT_PARTS=%s\nKIT_DIR=%s\nKIT_SITE=%s\n' "$VLLM_VERSION" "$kit_parts" "$kit_gpu_dir" \
+  "$kit_gpu_site" > "$out/p01/kit.env"
+du -sh "$out"/p* | sed "s|$root/||" | tr '\n' ' '; echo
+echo "kit ready: $n parts, $(du -sh "$kit" | cut -f1) ($kit); the device calls, back to back (README.md):"
+echo "  carry [\"$kit_parts/p01\"]: bash $kit_parts/p01/stage.sh p01"
+for i in $(seq 2 "$n"); do
+  p="p$(printf %02d "$i")"
+  echo "  carry [\"$kit_parts/$p\"]: bash $kit_gpu_dir/stage.sh $p"
+done
+echo "  then: bash $kit_gpu_dir/install.sh && source $kit_gpu_dir/env.sh && YOUR COMMAND"

@@ -1,6 +1,9 @@
 """Can torch 2.14.0 run on the GPU machine's own CUDA libraries? A check by symbols, on the CPU machine.
 
-    python3 scripts/gpukit033/check_cuda_symbols.py TORCH_WHEEL DIR
+    python3 scripts/gpukit/check_cuda_symbols.py TORCH_WHEEL DIR [WHEEL ...]
+
+(vLLM 0.33.0 and 0.34.0 both pin torch 2.14.0.) Each further WHEEL (vLLM's) has every shared library
+of its own checked the same way.
 
 DIR holds wheels of the CUDA libraries at the machine's versions (gpu-machine-packages.txt), for the
 ones whose version differs from what torch pins: nvidia-nccl-cu13 2.28.9, nvidia-cudnn-cu13 9.19.0.56,
@@ -46,13 +49,15 @@ def extract(wheel: Path, into: Path, keep) -> None:
 
 
 def main() -> None:
-    torch_wheel, wheel_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    torch_wheel, wheel_dir, others = Path(sys.argv[1]), Path(sys.argv[2]), [Path(w) for w in sys.argv[3:]]
     with tempfile.TemporaryDirectory() as tmp:
         libs, torch_dir = Path(tmp) / "libs", Path(tmp) / "torch"
         for wheel in sorted(wheel_dir.glob("*.whl")):
             extract(wheel, libs, lambda n: "/lib/" in n and ".so" in n)
         extract(torch_wheel, torch_dir, lambda n: n.startswith("torch/lib/") and ".so" in n
                 or re.match(r"torch/_C\..*\.so$", n))
+        for wheel in others:
+            extract(wheel, torch_dir, lambda n: n.endswith(".so"))
         exported = {path.name: symbols(path, True) for path in libs.rglob("*.so*")}
         # A symbol of one library's family may come from another of them (libcublas's family
         # includes cublasLt's symbols, which libcublasLt exports): any of them serves.

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# On the GPU machine, after every part is staged: unpack the kit into /tmp/site33 (once per machine)
-# and check what it brought. The project is not installed: vLLM 0.33.0 runs stock here.
+# On the GPU machine, after every part is staged: unpack the kit into its site folder (/tmp/site34
+# for 0.34.0; once per machine) and check what it brought. The project is not installed: vLLM runs
+# stock here (a script of the project may import the project from the tree, as v034_spike.py does).
 set -e
-if [ ! -d /tmp/site33/vllm ]; then
-  parts=$(ls /tmp/kit33/kit.txz.* | wc -l)
-  mkdir -p /tmp/site33
-  cat /tmp/kit33/kit.txz.* | xz -d -T0 | tar -xf - -C /tmp/site33
-  echo "unpacked $parts parts into /tmp/site33 ($(du -sh /tmp/site33 | cut -f1))"
+source "$(dirname "${BASH_SOURCE[0]}")/kit.env"
+if [ ! -d "$KIT_SITE/vllm" ]; then
+  parts=$(ls "$KIT_DIR"/kit.txz.* | wc -l)
+  mkdir -p "$KIT_SITE"
+  cat "$KIT_DIR"/kit.txz.* | xz -d -T0 | tar -xf - -C "$KIT_SITE"
+  echo "unpacked $parts parts into $KIT_SITE ($(du -sh "$KIT_SITE" | cut -f1))"
 fi
-source /tmp/kit33/env.sh
+source "$KIT_DIR/env.sh"
 python3 - <<'PY'
 import torch, triton, vllm
 from torch.cuda import nccl
