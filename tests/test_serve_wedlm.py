@@ -310,6 +310,13 @@ def test_chat_stream(setup):
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == whole
 
 
+def test_a_request_may_pin_the_servers_own_w(setup):
+    """On a server of a fixed W, ``wedlm_window_size`` equal to it is accepted and changes nothing."""
+    url, *_ = setup
+    pinned = completion(url, max_tokens=20, ignore_eos=True, vllm_xargs={**FILL_ALL, "wedlm_window_size": WINDOW})
+    assert pinned["token_ids"] == completion(url, max_tokens=20, ignore_eos=True, vllm_xargs=FILL_ALL)["token_ids"]
+
+
 @pytest.mark.parametrize("body,message", [
     ({"vllm_xargs": {"wedlm_entropy_threshold": -1}}, "entropy_threshold must be a positive"),
     ({"vllm_xargs": {"wedlm_pos_penalty": -2}}, "pos_penalty must be a finite number"),
@@ -320,6 +327,9 @@ def test_chat_stream(setup):
      "unknown WeDLM key\\(s\\) 'wedlm_window'; per request WeDLM accepts 'wedlm_decoding', "
      "'wedlm_entropy_threshold', 'wedlm_lossless', 'wedlm_pos_penalty'"),
     ({"vllm_xargs": {"wedlm_entropy_treshold": 0.5}}, "unknown WeDLM key\\(s\\) 'wedlm_entropy_treshold'"),
+    # A pinned W this server (a fixed W 8) does not run; the check is the front end's.
+    ({"vllm_xargs": {"wedlm_window_size": 4}}, "wedlm_window_size 4: this server runs every request at a fixed W of 8"),
+    ({"vllm_xargs": {"wedlm_window_size": "8"}}, "wedlm_window_size must be an integer"),
     ({"prompt": "1, 2, 3, " * 400}, "maximum context length|max_model_len|too long|longer than"),
 ])
 def test_bad_requests_get_a_400_and_the_server_keeps_serving(setup, body, message):
