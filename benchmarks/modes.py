@@ -209,10 +209,10 @@ def widest_window(window_size: int | str | None) -> int:
     return window_size if isinstance(window_size, int) else DEFAULT_WINDOW_SIZE
 
 
-def token_budget(max_batch: int, window_size: int | str | None) -> int:
+def token_budget(max_batch: int, window_size: int) -> int:
     """``max_num_batched_tokens`` for every engine of a run: a full batch of WeDLM windows fits one
     step, and AR gets the same budget."""
-    return max(8192, max_batch * max_window_tokens(widest_window(window_size)))
+    return max(8192, max_batch * max_window_tokens(window_size))
 
 
 def by_engine(modes: list[Mode]) -> dict[str, list[Mode]]:

@@ -115,7 +115,7 @@ def _plots(record: dict, out: Path, stem: str) -> list[str]:
             ax.legend(fontsize=7)
         names.append(_save(fig, out, f"{stem}-step-cost.png"))
         return names
-    load = "batch_size" if record["benchmark"] == "offline" else "concurrency"
+    load = _load_key(record)
     first = rows[0]
     same = [r for r in rows if r["shots"] == first["shots"] and r["max_tokens"] == first["max_tokens"]]
     kinds = sorted({r["kind"] for r in same})
@@ -354,7 +354,12 @@ def _commands(records: list[dict]) -> str:
 # ---- several modes against AR, and where W went ------------------------------------------------
 
 def _load_key(record: dict) -> str:
+    """The row key of a run's load: an offline run's batch size, an online run's concurrency."""
     return "batch_size" if record["benchmark"] == "offline" else "concurrency"
+
+
+def _load_label(record: dict) -> str:
+    return "batch" if _load_key(record) == "batch_size" else "concurrency"
 
 
 def _points(records: list[dict]) -> dict[tuple, dict[str, dict]]:
@@ -363,10 +368,11 @@ def _points(records: list[dict]) -> dict[tuple, dict[str, dict]]:
         raise ValueError("--versus and --windows take offline or online runs of one benchmark")
     points: dict[tuple, dict[str, dict]] = {}
     for record in records:
+        load = _load_key(record)
         for row in record["rows"]:
-            modes = points.setdefault((row["kind"], row[_load_key(record)]), {})
+            modes = points.setdefault((row["kind"], row[load]), {})
             if row["mode"] in modes:
-                raise ValueError(f"{row['mode']} at {row['kind']}, {row[_load_key(record)]} is in two files")
+                raise ValueError(f"{row['mode']} at {row['kind']}, {row[load]} is in two files")
             modes[row["mode"]] = row
     return points
 
@@ -377,7 +383,7 @@ def versus(records: list[dict], paths: list[str]) -> str:
     accuracy of every mode where the task is scored."""
     points = _points(records)
     modes = list(dict.fromkeys(row["mode"] for record in records for row in record["rows"] if row["mode"] != "ar"))
-    load = "batch" if records[0]["benchmark"] == "offline" else "concurrency"
+    load = _load_label(records[0])
     scored = any(row.get("accuracy") is not None for by_mode in points.values() for row in by_mode.values())
     header = ["task", load, "AR tok/s", *(f"{m} vs AR (TPF)" for m in modes)]
     if scored:
@@ -414,7 +420,7 @@ def window_shares(records: list[dict], paths: list[str]) -> str:
     share at each class of W (``W_CLASSES``; W 0: an AR step of the batch, or a window of its run
     alone on fixed rows)."""
     points = _points(records)
-    load = "batch" if records[0]["benchmark"] == "offline" else "concurrency"
+    load = _load_label(records[0])
     header = ["task", load, "mode", "windows", *(label for label, _, _ in W_CLASSES)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (kind, size), by_mode in points.items():
