@@ -8,8 +8,8 @@
 ``exact``: the shipped micro model in float32 (FlexAttention, as ``engine_settings`` picks for exact
 float32 on CUDA), WeDLM W 16, greedy: ``diffusion_config`` canvas_length 2 W, ``--scheduler-cls``
 WeDLMScheduler, the V2 model class registered (as tests/v034/test_engine.py starts it on the CPU, without
-the CPU stand-ins). Held-out arithmetic chats, several at a time, each token for token against the
-reference decoder.
+the CPU stand-ins). Held-out arithmetic chats, several at a time, their canvases 32 and 8 rows in turn
+(W 16 and W 4 in one batch), each token for token against the reference decoder at its W.
 
 ``shape``: Qwen3-8B's shape with random weights (``benchmarks.step_cost.write_shape``), bf16, vLLM's
 defaults otherwise (CUDA graphs; ``--max-capture-size`` widens the captured sizes). Each mode is its own
@@ -20,9 +20,12 @@ fills, and tau 0.4, on one engine). Per batch size: ms a step (two output length
 first-token latency; median and max), and the CUDA graph mode (FULL / PIECEWISE / NONE) of every step
 the timed runs took. WeDLM rows carry their ratio to the AR rows of the same machine.
 
-Not here: a request at W 0 as a canvas of width 1 beside W 16 ones. The binding has one canvas width and
-no logits row for a prompt's last token (docs/vllm-upgrade.md, "vLLM 0.34: the spike"), so a W 0
-request cannot run on it yet.
+Canvases narrower than the served one (vLLM's per-request ``diffusion_canvas_length``), at tau inf on the
+wedlm engine, at each batch size above 1: ``one-row`` is one request whose canvas is a single row (the
+rows of a W 0 step; the binding does not draw its AR token yet, so it fills one slot a forward and
+commits it the next: its max_tokens is a 32nd of the others', so that every request runs the same
+steps) beside W 16 ones; ``w8`` is every canvas 16 rows (W 8). Their rows say which graph mode a
+batch of mixed or narrower canvases runs, and what its step costs.
 
 Everything runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the step counters wrap vLLM's
 dispatch of CUDA graphs, and tau is set on the engine's model state. ``--cpu`` runs the same on the CPU
@@ -62,6 +65,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     exact.add_argument("--prompts", type=int, default=32, help="held-out arithmetic chats")
     exact.add_argument("--max-num-seqs", type=int, default=8, help="requests at a time")
     exact.add_argument("--max-tokens", type=int, default=64)
+    exact.add_argument("--canvas-widths", default="32,8",
+                       help="each prompt's canvas in turn (diffusion_canvas_length; 2 W rows: W 16, W 4)")
     shape = parser.add_argument_group("shape")
     shape.add_argument("--modes", default="ar,ar-sync,wedlm", help=f"engines, in turn: {', '.join(SHAPE_MODES)}")
     shape.add_argument("--shape", default="qwen3-8b", help="benchmarks.step_cost.SHAPES (tiny: the --cpu check)")
@@ -70,6 +75,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     shape.add_argument("--prompt-tokens", type=int, default=128)
     shape.add_argument("--repeats", type=int, default=3)
     shape.add_argument("--taus", default="inf,0.4", help="WeDLM thresholds, on one engine")
+    shape.add_argument("--canvases", default="one-row,w8", help="narrower canvases at tau inf (none: '')")
     shape.add_argument("--max-capture-size", type=int, help="vLLM's max_cudagraph_capture_size (default: its own)")
     shape.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     shape.add_argument("--ar-json", type=Path, help="AR rows of an earlier call on this machine, for the ratios")
@@ -181,29 +187,44 @@ def exact(args: argparse.Namespace) -> dict:
     tokenizer = llm.get_tokenizer()
     tasks = held_out_tasks(args.prompts, ("arithmetic",), max_number=19)["arithmetic"]
     prompts = [chat_prompt(tokenizer, t) for t in tasks]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, stop_token_ids=stop)
+    widths = [int(w) for w in args.canvas_widths.split(",")]
+    canvas = [widths[i % len(widths)] for i in range(len(prompts))]
+    params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, stop_token_ids=stop,
+                             extra_args={"diffusion_canvas_length": c}) for c in canvas]
     GRAPH_MODES.clear()
     WINDOWS.clear()
     began = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - began
-    reference = ReferenceDecoder(load_transformers_model(MICRO_CHECKPOINT), mask_token_id=config["mask_token_id"],
-                                 window_size=W)
-    equal, tokens, first_mismatch = 0, 0, None
-    for prompt, output in zip(prompts, outputs, strict=True):
-        expected = reference.generate(tokenizer(prompt)["input_ids"],
-                                      StopRule(max_tokens=args.max_tokens, stop_token_ids=frozenset(stop))).token_ids
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    reference = {c: ReferenceDecoder(model, mask_token_id=config["mask_token_id"], window_size=max(1, c // 2))
+                 for c in set(canvas)}
+    equal, tokens, first_mismatch = Counter(), 0, None
+    for prompt, output, c in zip(prompts, outputs, canvas, strict=True):
+        expected = reference[c].generate(tokenizer(prompt)["input_ids"],
+                                         StopRule(max_tokens=args.max_tokens, stop_token_ids=frozenset(stop))).token_ids
         got = list(output.outputs[0].token_ids)
-        equal += got == expected
+        equal[f"W{max(1, c // 2)}"] += got == expected
         tokens += len(got)
         if got != expected and first_mismatch is None:
-            first_mismatch = {"prompt": prompt, "expected": expected, "got": got}
+            first_mismatch = {"prompt": prompt, "canvas": c, "expected": expected, "got": got}
     return {"part": "exact", "model": "micro", "dtype": "float32", "window_size": W, "canvas_length": 2 * W,
-            "prompts": len(prompts), "max_num_seqs": args.max_num_seqs, "equal_to_reference": equal,
-            "token_exact": equal == len(prompts), "first_mismatch": first_mismatch, "output_tokens": tokens,
+            "canvas_widths": widths, "prompts": len(prompts), "max_num_seqs": args.max_num_seqs,
+            "equal_to_reference": dict(equal), "token_exact": sum(equal.values()) == len(prompts),
+            "first_mismatch": first_mismatch, "output_tokens": tokens,
             "seconds": round(seconds, 2), "tok_s": round(tokens / seconds, 1), "engine_start_s": start_s,
             "steps": sum(GRAPH_MODES.values()), "graph_modes": dict(GRAPH_MODES),
             "window_forwards": sum(WINDOWS), **ttft(outputs), **what_ran(llm)}
+
+
+#: Each request's (max_tokens, diffusion_canvas_length or None) for a batch of n asked for max_tokens.
+CANVASES = {
+    None: lambda n, max_tokens: [(max_tokens, None)] * n,
+    # One row a forward, a token each two: a 32nd of the tokens runs the steps W 16 windows that fill
+    # every mask take (max_tokens / 16 and one).
+    "one-row": lambda n, max_tokens: [(max(1, max_tokens // 32), 1)] + [(max_tokens, None)] * (n - 1),
+    "w8": lambda n, max_tokens: [(max_tokens, W)] * n,
+}
 
 
 def set_tau(llm, tau: float) -> None:
@@ -249,9 +270,12 @@ def shape_one(args: argparse.Namespace, mode: str) -> list[dict]:
     rng = np.random.default_rng(0)
     vocab = llm.llm_engine.model_config.get_vocab_size()
 
-    def run(prompts: list[list[int]], max_tokens: int) -> tuple[float, int, Counter, list]:
-        """(seconds, steps, steps by graph mode, outputs) of one generate call."""
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    def run(prompts: list[list[int]], max_tokens: int, canvas: str | None = None) -> tuple[float, int, Counter, list]:
+        """(seconds, steps, steps by graph mode, outputs) of one generate call; ``canvas``: the
+        requests' narrower canvases (CANVASES)."""
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False,
+                                 extra_args={"diffusion_canvas_length": c} if c else None)
+                  for n, c in CANVASES[canvas](len(prompts), max_tokens)]
         before = Counter(GRAPH_MODES)
         began = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -259,24 +283,31 @@ def shape_one(args: argparse.Namespace, mode: str) -> list[dict]:
         modes = GRAPH_MODES - before
         return seconds, sum(modes.values()), modes, outputs
 
+    points = [(None, None)]  # (tau, canvas)
+    if mode == "wedlm":
+        points = [(tau, None) for tau in args.taus.split(",")]
+        points += [("inf", canvas) for canvas in args.canvases.split(",") if canvas]
     rows = []
-    for tau_name in args.taus.split(",") if mode == "wedlm" else [None]:
+    for tau_name, canvas in points:
         if tau_name is not None:
             set_tau(llm, TAUS[tau_name])
         for batch in batch_sizes:
+            if canvas == "one-row" and batch < 2:
+                continue
             prompts = rng.integers(0, min(vocab, 1000), (batch, args.prompt_tokens)).tolist()
-            run(prompts, 8)  # warm-up at this batch size
+            run(prompts, 8, canvas)  # warm-up at this batch size
             steps_ms, tokens_per_step, tok_s, modes, firsts = [], [], [], Counter(), []
             for _ in range(args.repeats):
-                t1, s1, m1, _ = run(prompts, n1)
-                t2, s2, m2, outputs = run(prompts, n2)
+                t1, s1, m1, _ = run(prompts, n1, canvas)
+                t2, s2, m2, outputs = run(prompts, n2, canvas)
                 steps_ms.append((t2 - t1) / (s2 - s1) * 1e3)
                 tokens_per_step.append((n2 - n1) / (s2 - s1))
                 tok_s.append(batch * (n2 - n1) / (t2 - t1))
                 modes += m1 + m2
                 firsts.append(ttft(outputs))  # of the longer run: prefill and the first window forward(s)
             ttfts = [f["ttft_ms"] for f in firsts if f["ttft_ms"] is not None]
-            rows.append({"mode": mode if tau_name is None else f"wedlm:{tau_name}", "batch_size": batch,
+            name = mode if tau_name is None else f"wedlm:{tau_name}" + (f"+{canvas}" if canvas else "")
+            rows.append({"mode": name, "batch_size": batch,
                          "step_ms": round(statistics.median(steps_ms), 3),
                          "step_ms_spread": [round(min(steps_ms), 3), round(max(steps_ms), 3)],
                          "tokens_per_step": round(statistics.median(tokens_per_step), 3),

@@ -41,8 +41,9 @@ def reference() -> ReferenceDecoder:
     return ReferenceDecoder(load_transformers_model(MICRO_CHECKPOINT), mask_token_id=MASK_ID, window_size=W)
 
 
-def params(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=sorted(STOP))
+def params(max_tokens: int, canvas: int | None = None) -> SamplingParams:
+    extra = None if canvas is None else {"diffusion_canvas_length": canvas}  # vLLM's per-request canvas
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=sorted(STOP), extra_args=extra)
 
 
 def assert_same_as_reference(harness: StepHarness, req_id: str, expected: ReferenceOutput) -> None:
@@ -93,3 +94,25 @@ def test_a_batch_through_preemptions_matches_the_reference(prompts, reference):
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
         expected = reference.generate(prompt, StopRule(max_tokens=n, stop_token_ids=STOP))
         assert_same_as_reference(harness, str(i), expected)
+
+
+def test_canvases_of_several_widths_in_one_batch_each_match_the_reference_at_their_w(prompts):
+    """vLLM's per-request ``diffusion_canvas_length`` beside the served canvas of 2 W 16: a request
+    with a canvas of 2 W rows decodes at that W, in the same steps as W 16 ones, and gives what the
+    reference decoder gives at that W. (A canvas of one row is a window of one slot.)"""
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4)
+    widths = {"w1": 2, "w4": 8, "w16": None, "one-row": 1}
+    for (req_id, canvas), prompt in zip(widths.items(), prompts, strict=False):
+        harness.add(req_id, prompt, params(40, canvas))
+    harness.run()
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    for (req_id, canvas), prompt in zip(widths.items(), prompts, strict=False):
+        window = W if canvas is None else max(1, canvas // 2)
+        if canvas == 1:  # one row a forward: a fill, then its commit, one token each two forwards
+            runs = harness.trace.runs[req_id]
+            assert runs[0] == 0 and set(runs) == {0, 1} and sum(runs) == len(harness.finished[req_id].token_ids)
+            continue
+        decoder = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=window)
+        expected = decoder.generate(prompt, StopRule(max_tokens=40, stop_token_ids=STOP))
+        assert_same_as_reference(harness, req_id, expected)
+    assert max(harness.trace.runs["w16"]) > max(harness.trace.runs["w4"]) >= max(harness.trace.runs["w1"]) == 1

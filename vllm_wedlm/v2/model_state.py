@@ -57,7 +57,18 @@ class WeDLMModelState(DefaultModelState):
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
-        self.table.add(req_index, new_req_data.req_id, len(new_req_data.prefill_token_ids))
+        self.table.add(req_index, new_req_data.req_id, len(new_req_data.prefill_token_ids),
+                       self.requested_window_size(new_req_data.sampling_params))
+
+    def requested_window_size(self, params: Any) -> int:
+        """W of a request whose ``diffusion_canvas_length`` (the scheduler's canvas, at most the
+        served one) is narrower: half its rows, at least one slot. A canvas of one row is a window
+        of one slot forwarded alone (a fill, then its commit: the rows of a W 0 step, not its draw)."""
+        extra = getattr(params, "extra_args", None) or {}
+        width = extra.get("diffusion_canvas_length")
+        if not width:
+            return self.window_size
+        return max(1, min(int(width), canvas_width(self.window_size)) // 2)
 
     def remove_request(self, req_id: str) -> None:
         super().remove_request(req_id)
@@ -76,10 +87,12 @@ class WeDLMModelState(DefaultModelState):
         slots = input_batch.idx_mapping[batch_index]
         committed = req_states.num_computed_tokens.gpu[slots].long()
         width = torch.from_numpy(num_logits[windowed]).to(self.device)
-        # A canvas is cut short only at max_model_len, where the window ends too; running requests
+        # A canvas is its request's 2 W rows (``requested_window_size``), cut short only at
+        # max_model_len, where the window ends too; running requests
         # are scheduled first, so max_num_batched_tokens >= max_num_seqs * 2 W keeps the token
         # budget from cutting one (a cut window would lose the rows of its last slots).
-        plan = plan_windows(self.table.windows.rows(slots), self.window_size, committed, committed + width)
+        plan = plan_windows(self.table.windows.rows(slots), self.table.window_size_of[slots], committed,
+                            committed + width)
         rows = torch.arange(canvas_width(self.window_size), device=self.device)[None] < width[:, None]  # [B, C]
         sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)

@@ -8,12 +8,13 @@ through ``DiffusionConfig`` alone, so two things the diffusion flag drives are s
   no slot for one (its max_model_len guard and rejection count read this attribute);
 * the canvas: under synchronous scheduling the engine asks the runner for draft tokens only for a
   diffusion model, so every decoding request gets its canvas of placeholders here, each step (the
-  runner fills the rows itself; their ids do not matter).
+  runner fills the rows itself; their ids do not matter). Its width is the request's
+  ``diffusion_canvas_length`` (vLLM's per-request key, at most the served canvas) or the served one.
 """
 
 from __future__ import annotations
 
-from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
+from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler, diffusion_canvas_width
 from vllm.v1.core.sched.output import SchedulerOutput
 
 
@@ -25,5 +26,6 @@ class WeDLMScheduler(DiffusionScheduler):
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         for request in self.running:
             if not request.is_prefill_chunk:
-                request.spec_token_ids = [-1] * self.num_spec_tokens
+                width = min(diffusion_canvas_width(request, self.num_spec_tokens), self.num_spec_tokens)
+                request.spec_token_ids = [-1] * width
         return super().schedule(throttle_prefills)

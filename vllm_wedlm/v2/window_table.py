@@ -42,6 +42,8 @@ class WindowTable:
         self.windows = WindowBatch.empty(max_num_reqs, canvas_width(window_size), mask_id, device)
         # [max_num_reqs] int64: tokens before each slot's window (prompt + committed output).
         self.committed = torch.zeros(max_num_reqs, dtype=torch.long, device=device)
+        # [max_num_reqs] int64: each slot's W (its request's canvas of 2 W rows; a narrower one, fewer).
+        self.window_size_of = torch.full((max_num_reqs,), window_size, dtype=torch.long, device=device)
         self.slot_of: dict[str, int] = {}
         # Windows of removed requests, oldest first: request id -> (committed length, window).
         self.kept: OrderedDict[str, tuple[int, WindowBatch]] = OrderedDict()
@@ -49,9 +51,10 @@ class WindowTable:
         self.num_resumed = 0  # windows given back to preempted requests
         self.resumed_fills = 0  # filled slots they held (one host sync per resumed request)
 
-    def add(self, slot: int, req_id: str, num_tokens: int) -> None:
+    def add(self, slot: int, req_id: str, num_tokens: int, window_size: int | None = None) -> None:
         """Give ``slot`` to a request of ``num_tokens`` tokens to prefill: its kept window when it
-        was removed at that length (a preemption), else none yet (the first step plans W masks)."""
+        was removed at that length (a preemption), else none yet (the first step plans W masks);
+        its W is ``window_size`` (None: the table's)."""
         kept = self.kept.pop(req_id, None)
         if kept is not None and kept[0] == num_tokens:
             window = kept[1]
@@ -61,6 +64,7 @@ class WindowTable:
             window = WindowBatch.empty(1, self.windows.capacity, self.mask_id, self.device)
         self.windows.store(torch.tensor([slot], device=self.device), window)
         self.committed[slot] = num_tokens
+        self.window_size_of[slot] = self.window_size if window_size is None else window_size
         self.slot_of[req_id] = slot
 
     def remove(self, req_id: str) -> None:
