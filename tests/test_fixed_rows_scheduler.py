@@ -117,7 +117,7 @@ class RunnerCounts:
     """The step results of the fixed-rows runner, from each request's ``WindowCounts``, checking
     that each window is scheduled rows that hold it (at most 2W, the server's W), or while its step
     before is in flight at least its run; an adaptive window plans with the W the scheduler chose
-    for it (``wedlm_window_sizes``), and its rows follow its own W."""
+    for it (its step plan's ``window_sizes``), and its rows follow its own W."""
 
     window_size: int
     rng: random.Random
@@ -130,7 +130,7 @@ class RunnerCounts:
     windows_pipelined: int = 0  # window steps scheduled while the request's window step before was in flight
     sizes_seen: set[int] = field(default_factory=set)  # the adaptive window's W, as the scheduler chose them
     narrow: int = 0  # window steps of fewer rows than the server's W
-    few_logits_rows: int = 0  # plain windows stepped with fewer logits rows (wedlm_mask_rows) than the server's W
+    few_logits_rows: int = 0  # plain windows stepped with fewer logits rows (the plan's mask_rows) than the server's W
     zero_windows: int = 0  # window steps of W 0 windows (the adaptive window's one AR row)
     zero_rows: int = 0  # their rows, in all
     # Report the slots after the leading run of each window a window step plans, as the runner does
@@ -179,8 +179,11 @@ class RunnerCounts:
         rows = out.num_scheduled_tokens[req_id]
         drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         window = self.requests[req_id]
-        chosen = getattr(out, "wedlm_window_sizes", None)
-        self.sizes_seen.update((chosen or {}).values())
+        from vllm_wedlm.adapter.protocol import plan_of
+
+        plan = plan_of(out)
+        chosen = plan.window_sizes if scheduler._sizer is not None else None  # (the adaptive window's)
+        self.sizes_seen.update(plan.window_sizes.values())
         if isinstance(window, ArCounts):
             # Its known tokens, up to the one its last step draws (on the device if not back yet).
             assert not drafts and window.computed + rows <= window.prompt + window.drawn, (req_id, rows, window)
@@ -214,7 +217,7 @@ class RunnerCounts:
             if not drafts:
                 return 0  # an empty window's run
             assert drafts == len(window.filled), (req_id, drafts, window)
-            assert out.wedlm_mask_rows >= drafts, (req_id, out.wedlm_mask_rows, window)  # a logits row per mask
+            assert plan.mask_rows >= drafts, (req_id, plan.mask_rows, window)  # a logits row per mask
         else:
             needed = len(window.filled)
             run = leading_run(window.filled)
@@ -235,8 +238,8 @@ class RunnerCounts:
                 window.computed += run
                 return window.plan(window.filled[run:], w)
             # The step's logits rows per window cover every slot after its run (its masks among them).
-            assert out.wedlm_mask_rows >= needed - run, (req_id, out.wedlm_mask_rows, window)
-            self.few_logits_rows += out.wedlm_mask_rows < min(self.window_size, room)
+            assert plan.mask_rows >= needed - run, (req_id, plan.mask_rows, window)
+            self.few_logits_rows += plan.mask_rows < min(self.window_size, room)
             if window.w == 0:
                 self.zero_windows += 1
                 self.zero_rows += rows

@@ -121,7 +121,7 @@ def test_a_pinned_window_the_server_cannot_run_is_refused(server, extra_args, me
 
     settings = WeDLMSettings.from_additional_config({"decoding": "wedlm", **server})
     with pytest.raises(ValueError, match=message):
-        settings.request_params(extra_args)
+        settings.check_request(extra_args)
 
 
 def test_a_pinned_window_is_read_over_any_other_knob():

@@ -259,17 +259,15 @@ def test_a_new_request_starts_from_what_the_server_saw():
     """The scheduler's record (adapter/window_sizer.py): requests whose windows commit one token per
     forward bring the server's reach down, so a new request's first window is small; one that
     finished is forgotten."""
-    from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR, WindowSizer
+    from vllm_wedlm.adapter.window_sizer import WindowSizer
 
     sizer = WindowSizer(16, step_cost(MICRO))
-    first = SimpleNamespace()
-    assert sizer.assign(first, ["a", "b"]) == {"a": 16, "b": 16} == getattr(first, WINDOW_SIZES_ATTR)
+    assert sizer.assign(["a", "b"]) == ({"a": 16, "b": 16}, {"a": 16, "b": 16})
     for _ in range(60):
-        step = SimpleNamespace()
-        sizes = sizer.assign(step, ["a", "b"])
-        sizer.observe(step, {"a": 1, "b": 1})
+        sizes, forwarded = sizer.assign(["a", "b"])
+        sizer.observe(forwarded, {"a": 1, "b": 1})
     assert max(sizes.values()) <= 2, sizes
-    assert sizer.assign(SimpleNamespace(), ["new"])["new"] <= 3
+    assert sizer.assign(["new"])[0]["new"] <= 3
     sizer.forget("a")
     assert "a" not in sizer.reaches and sizer.window_of("a") == 16
 
@@ -334,30 +332,24 @@ def test_ar_steps_probe_windows_and_come_back():
     step AR (W 0), with two window steps every 4, 8, 16 ... AR steps (a probe: whole windows, their
     commits observed); once windows commit again, they stay. The AR step's cost is timed
     (``StepTimes``) unless fixed; "off" never steps AR."""
-    from vllm_wedlm.adapter.window_sizer import (
-        PROBE_GAP,
-        PROBE_STEPS,
-        WINDOW_SIZES_ATTR,
-        WindowSizer,
-    )
+    from vllm_wedlm.adapter.window_sizer import PROBE_GAP, PROBE_STEPS, WindowSizer
 
     requests = ["a", "b"]
     sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.5)
     sizer.reaches.update(a=reach_after([(1, 16)] * 20, 16), b=reach_after([(1, 16)] * 20, 16))
     kinds = []
     for _ in range(3 * PROBE_GAP + 2 * PROBE_STEPS):
-        step = SimpleNamespace()
         ar = sizer.steps_ar(requests)
-        chosen = sizer.assign(step, [] if ar else requests, requests if ar else [])
+        chosen, forwarded = sizer.assign([] if ar else requests, requests if ar else [])
         kinds.append("ar" if ar else "probe")
-        assert getattr(step, WINDOW_SIZES_ATTR) == chosen
         assert set(chosen.values()) == ({0} if ar else {16})
+        assert forwarded == ({} if ar else dict.fromkeys(requests, 16))
         assert sizer.holds_window("a") == (not ar)
         if not ar:
-            sizer.observe(step, {"a": 1, "b": 1})
+            sizer.observe(forwarded, {"a": 1, "b": 1})
     assert kinds == ["ar"] * PROBE_GAP + ["probe"] * PROBE_STEPS + ["ar"] * 2 * PROBE_GAP + ["probe"] * PROBE_STEPS
     for _ in range(3):  # the text turns predictable: the probe's windows fill up
-        sizer.observe(SimpleNamespace(**{"wedlm_forwarded_window_sizes": {"a": 16, "b": 16}}), {"a": 16, "b": 16})
+        sizer.observe({"a": 16, "b": 16}, {"a": 16, "b": 16})
     assert not sizer.steps_ar(requests) and not sizer.steps_ar(requests)
 
     for ar_seconds, steps_ar in ((0.004, True), (0.009, False)):
@@ -377,20 +369,18 @@ def test_a_probe_of_whole_windows_sees_a_long_run_and_brings_windows_back():
     steps), windows must commit over three tokens a forward to win. A probe forwards whole windows:
     runs of 12 seen by it bring the windows back. The same text seen through windows of 4 (full, so
     only censored past them) would have kept the batch stepping AR (the probes of lab notebook 5.29)."""
-    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, PROBE_STEPS, WindowSizer
+    from vllm_wedlm.adapter.window_sizer import PROBE_GAP, PROBE_STEPS, WindowSizer
 
     def steps(seen_through: int) -> list[int]:
         sizer = WindowSizer(16, step_cost(MICRO), ar_steps=True, ar_step_cost=0.3)
         sizer.reaches.update(a=reach_after([(1, 16)] * 20, 16), b=reach_after([(1, 16)] * 20, 16))
         sizes = []
         for _ in range(PROBE_GAP + PROBE_STEPS + 3):
-            step = SimpleNamespace()
             ar = sizer.steps_ar(["a", "b"])
-            chosen = sizer.assign(step, [] if ar else ["a", "b"], ["a", "b"] if ar else [])
+            chosen, _ = sizer.assign([] if ar else ["a", "b"], ["a", "b"] if ar else [])
             sizes.append(max(chosen.values()))
             if not ar:
-                setattr(step, FORWARDED_SIZES_ATTR, dict.fromkeys(chosen, seen_through))
-                sizer.observe(step, dict.fromkeys(chosen, min(12, seen_through)))
+                sizer.observe(dict.fromkeys(chosen, seen_through), dict.fromkeys(chosen, min(12, seen_through)))
         return sizes
 
     assert steps(16) == [0] * PROBE_GAP + [16] * PROBE_STEPS + [12] * 3
@@ -439,7 +429,7 @@ def test_w0_windows_probe_on_their_own():
     window), in the first step after that whose count is a multiple of ``ZERO_PROBE_PERIOD`` (the
     batch's probes share steps), while a request that may not take W 0 keeps its window; W 0
     forwards do not move the reach (they commit one token whatever the text)."""
-    from vllm_wedlm.adapter.window_sizer import FORWARDED_SIZES_ATTR, PROBE_GAP, ZERO_PROBE_PERIOD, WindowSizer
+    from vllm_wedlm.adapter.window_sizer import PROBE_GAP, ZERO_PROBE_PERIOD, WindowSizer
 
     assert 2 * PROBE_GAP < ZERO_PROBE_PERIOD  # (so the record below shows the gap doubling)
 
@@ -449,12 +439,11 @@ def test_w0_windows_probe_on_their_own():
     sizer.reaches.update(dict.fromkeys(names, uncertain))
     seen = []
     for _ in range(3 * ZERO_PROBE_PERIOD + 3):
-        step = SimpleNamespace()
-        chosen = sizer.assign(step, names, zero_ok=set(names[:-1]))
+        chosen, forwarded = sizer.assign(names, zero_ok=set(names[:-1]))
         seen.append(chosen["r0"])
         assert chosen["r63"] == 1  # not eligible: its window
-        forwarded, before = getattr(step, FORWARDED_SIZES_ATTR), dict(sizer.reaches)
-        sizer.observe(step, dict.fromkeys(names, 1))
+        before = dict(sizer.reaches)
+        sizer.observe(forwarded, dict.fromkeys(names, 1))
         assert all(sizer.reaches[n] == before[n] for n in names if forwarded[n] == 0)
         assert any(sizer.reaches[n] != before[n] for n in names if forwarded[n])
     probe = [i for i, w in enumerate(seen) if w == 16]
@@ -491,10 +480,10 @@ def test_w0_probes_grow_rarer_only_where_their_rows_cost(batch):
     sizer.reaches.update(dict.fromkeys(names, reach_after([(1, 1)] * 20, 16)))
     probes = []
     for step in range(4 * longest + 200):
-        scheduled = SimpleNamespace()
-        if sizer.assign(scheduled, names, zero_ok=set(names))["r0"] == 16:
+        chosen, forwarded = sizer.assign(names, zero_ok=set(names))
+        if chosen["r0"] == 16:
             probes.append(step)
-        sizer.observe(scheduled, dict.fromkeys(names, 1))
+        sizer.observe(forwarded, dict.fromkeys(names, 1))
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     # Steady: a probe after more than ``longest`` windows of W 0, at the clock's next tick.
     assert max(gaps) == gaps[-1] and longest < gaps[-1] <= longest + 1 + ZERO_PROBE_PERIOD, (longest, gaps)
@@ -515,9 +504,9 @@ def test_a_pinned_request_keeps_its_window_through_ar_steps_probes_and_w0():
     assert sizer.window_of("c") == 8  # its first window, before any plan
     for _ in range(12):
         assert not sizer.steps_ar(["a", "b", "c"])
-        chosen = sizer.assign(SimpleNamespace(), ["a", "b", "c"])
+        chosen, _ = sizer.assign(["a", "b", "c"])
         assert chosen["c"] == 8 and chosen["a"] == chosen["b"] < 8, chosen
-        sizer.observe(SimpleNamespace(wedlm_forwarded_window_sizes=chosen), dict.fromkeys(chosen, 1))
+        sizer.observe(chosen, dict.fromkeys(chosen, 1))
     sizer.forget("c")
     assert sizer.steps_ar(["a", "b"]) and "c" not in sizer.pinned
     with pytest.raises(ValueError, match="a pinned W must be in \\[1, 16\\], got 17"):
@@ -529,7 +518,6 @@ def test_a_pinned_request_keeps_its_window_through_ar_steps_probes_and_w0():
     zero.pin("r0", 4)
     seen = []
     for _ in range(3 * 16 + 3):  # W 0 windows and their probes (every ZERO_PROBE_PERIOD steps) for the rest
-        chosen = zero.assign(SimpleNamespace(), names, zero_ok=set(names))
-        seen.append(chosen)
+        seen.append(zero.assign(names, zero_ok=set(names))[0])
     assert all(c["r0"] == 4 for c in seen)
     assert {c["r1"] for c in seen} == {0, 16}  # its mates fall to W 0 and probe

@@ -217,11 +217,18 @@ class WeDLMSettings:
         additional_config[FIXED_ROWS_KEY] = True
         return settings
 
+    def check_request(self, extra_args: dict | None) -> None:
+        """``ValueError`` for any WeDLM key of a request this server does not take: a knob
+        ``request_params`` refuses, or a pin it cannot run (``pinned_window``). The front end's check."""
+        self.request_params(extra_args)
+        self.pinned_window(extra_args)
+
     def request_params(self, extra_args: dict | None) -> WeDLMParams:
         """The knobs of one request: its extra_args over the server defaults.
 
         A ``wedlm_`` key that is not a knob (``wedlm_window``, ``wedlm_entropy_treshold``) is an
-        error, not a silent default; keys without the prefix belong to others.
+        error, not a silent default; keys without the prefix belong to others. (A pinned W is not
+        a knob of the window's selection: ``pinned_window`` reads it.)
         """
         if not extra_args:
             return self.params
@@ -231,7 +238,6 @@ class WeDLMSettings:
                 f"unknown WeDLM key(s) {_names(unknown)}; per request WeDLM accepts {_names(REQUEST_KEYS)}"
             )
         request_decoding(extra_args)
-        self.pinned_window(extra_args)
         return WeDLMParams(
             entropy_threshold=threshold_value(extra_args.get(REQUEST_ENTROPY_THRESHOLD, self.params.entropy_threshold)),
             pos_penalty=extra_args.get(REQUEST_POS_PENALTY, self.params.pos_penalty),

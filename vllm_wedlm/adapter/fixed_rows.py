@@ -27,8 +27,8 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunner
 
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
+from vllm_wedlm.adapter.protocol import plan_of
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
-from vllm_wedlm.adapter.window_sizer import MASK_ROWS_ATTR, PADDED_ATTR
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
@@ -124,8 +124,8 @@ class FixedRows(RowLayout):
         # re-prefilled: its last row is the one the W 0 window would have drawn from).
         first_token = completes_prefill & ((lossless & ~has_window) | (held_zero & has_window & ~lossless
                                                                         & ~autoregressive))
-        rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window],
-                                                      getattr(scheduler_output, MASK_ROWS_ATTR, None))
+        plan = plan_of(scheduler_output)
+        rows_per_window = self.logits_rows_per_window(window & lossless, (n - prompt_rows)[window], plan.mask_rows)
         self.rows_per_window = rows_per_window
         self.step = StepRows(list(req_ids), slots, autoregressive, window, completes_prefill, lossless,
                                     ar_next, first_token, computed + n,
@@ -150,7 +150,7 @@ class FixedRows(RowLayout):
             full = bool((rows[has_window[b]] == q).all())
             # The layout is the gate's choice: an adaptive window it pads forwards its own S + W rows,
             # fewer than 2W.
-            self.layouts["padded" if getattr(scheduler_output, PADDED_ATTR, full) else "exact"] += 1
+            self.layouts["padded" if (full if plan.padded is None else plan.padded) else "exact"] += 1
         first_row = starts[b] + prompt_rows[b]  # [Bw] each window's first row in the step
         row_of = np.repeat(np.arange(len(b)), rows)  # [Tw] which window each window row is of
         # One copy: each window's slot, batch row, first row, rows, prompt rows, whether lossless, W
@@ -210,7 +210,7 @@ class FixedRows(RowLayout):
                                mask_rows: int | None = None) -> int:
         """R, the logits rows of every window of a fixed-rows step: the most undecided slots a window
         can have (the server's W, or the scheduler's bound on the slots after any window's leading
-        run in the step, ``mask_rows``: ``window_sizer.MASK_ROWS_ATTR``), or, in a step with a
+        run in the step, ``mask_rows``: the step plan's), or, in a step with a
         lossless window ([B] bool), the most rows a window can have (2W), which its verification
         reads; and no more than the most rows a window of the step forwards (``window_rows`` [Bw]).
         A window that is not void holds its run and the slots after it within its rows, so those

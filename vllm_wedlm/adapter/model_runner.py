@@ -33,17 +33,15 @@ import numpy as np
 import torch
 from vllm.v1.outputs import SamplerOutput
 
-from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.adapter.custom_processors import custom_processors, refuse_on_fixed_rows
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
+from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify, plan_of
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
-from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
-from vllm_wedlm.core.logit_edits import LogitEdits
+from vllm_wedlm.config import WeDLMSettings, max_window_tokens
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -98,10 +96,10 @@ class WeDLMRunnerMixin:
         if self.wedlm.fixed_window_rows:
             refuse_on_fixed_rows([type(p).__qualname__ for p in self.wedlm_custom_processors])
         self.wedlm_mask_id = int(self.model_config.hf_config.mask_token_id)
+        # Every request's record (``protocol.classify``), from its arrival to its end, and its state
+        # from its first step (both kept through a preemption: see RequestState).
+        self.wedlm_records: dict[str, RequestRecord] = {}
         self.wedlm_requests: dict[str, RequestState] = {}
-        # Requests of the engine that decode in windows (not AR): while there are none, a step
-        # without a prefill chunk is vLLM's own AR step (``_hands_step_to_vllm``).
-        self.wedlm_windowed: set[str] = set()
         # Steps vLLM ran whole (its inputs and sampler), and whether the one in flight is one.
         self.wedlm_vllm_steps = 0
         self.wedlm_vllm_samples = False
@@ -145,30 +143,32 @@ class WeDLMRunnerMixin:
         # may reuse the id of a finished one (vLLM treats them as two requests).
         stale = set(scheduler_output.finished_req_ids) | {r.req_id for r in scheduler_output.scheduled_new_reqs}
         for req_id in stale:
-            state = self.wedlm_requests.pop(req_id, None)
-            if state is not None:
-                self.wedlm_table.release(state.slot)
-                self.wedlm_grammars.forget(req_id)
-            self.wedlm_windowed.discard(req_id)
-        self.wedlm_windowed.update(new.req_id for new in scheduler_output.scheduled_new_reqs
-                                   if not decodes_ar(new.sampling_params))
+            self._forget_request(req_id)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.wedlm_records[new.req_id] = classify(new.sampling_params, self.wedlm)
         return super()._update_states(scheduler_output)
+
+    def _forget_request(self, req_id: str) -> None:
+        """The one place a request's record and state go: it finished or was aborted, or a new
+        request took its id."""
+        self.wedlm_records.pop(req_id, None)
+        state = self.wedlm_requests.pop(req_id, None)
+        if state is not None:
+            self.wedlm_table.release(state.slot)
+            self.wedlm_grammars.forget(req_id)
 
     def _request_state(self, req_id: str) -> RequestState:
         state = self.wedlm_requests.get(req_id)
         if state is None:
-            sampling = self.requests[req_id].sampling_params
-            autoregressive = decodes_ar(sampling)
-            if not autoregressive and sampling.structured_outputs is not None:
+            record = self.wedlm_records[req_id]
+            autoregressive = record.kind is RequestKind.AR
+            if not autoregressive and record.grammar:
+                sampling = self.requests[req_id].sampling_params
                 self.wedlm_grammars.add(req_id, sampling, self.requests[req_id].prompt_token_ids or [])
-            state = RequestState(slot=self.wedlm_table.allocate(),
-                                 params=self.wedlm.request_params(sampling.extra_args),
+            state = RequestState(slot=self.wedlm_table.allocate(), params=record.params,
                                  autoregressive=autoregressive, grammar=req_id in self.wedlm_grammars,
-                                 edits=LogitEdits.of(sampling.allowed_token_ids, sampling.logit_bias,
-                                                     sampling.min_tokens, sampling.all_stop_token_ids),
-                                 min_p=sampling.min_p, context_edits=ContextEdits.of(sampling),
-                                 logprobs=sampling.logprobs is not None or bool(sampling.logprob_token_ids),
-                                 logprob_token_ids=tuple(sampling.logprob_token_ids or ()) or None)
+                                 edits=record.edits, min_p=record.min_p, context_edits=record.context_edits,
+                                 logprobs=record.logprobs, logprob_token_ids=record.logprob_token_ids)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state
@@ -191,8 +191,8 @@ class WeDLMRunnerMixin:
         with (that window would have been this forward's), else added."""
         if not self.wedlm_rows.vllm_ar_steps:  # fixed rows: W 0 is a window's own (its run alone)
             return set()
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None)
-        stepping_ar = {req_id for req_id, window_size in (chosen or {}).items() if window_size == 0}
+        stepping_ar = {req_id for req_id, window_size in plan_of(scheduler_output).window_sizes.items()
+                       if window_size == 0}
         trace = self.wedlm_window_trace
         for req_id in stepping_ar:
             state = self._request_state(req_id)
@@ -215,7 +215,7 @@ class WeDLMRunnerMixin:
         it.)"""
         num_reqs = self.input_batch.num_reqs
         return (self.wedlm_rows.vllm_ar_steps and not scheduler_output.scheduled_spec_decode_tokens
-                and all(req_id in stepping_ar or req_id not in self.wedlm_windowed
+                and all(req_id in stepping_ar or not self.wedlm_records[req_id].windowed
                         for req_id in scheduler_output.num_scheduled_tokens)
                 and not self.discard_request_mask.np[:num_reqs].any())
 

@@ -41,8 +41,9 @@ class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         try:
-            # The runner reads the knobs the same way (over the server's defaults, which are valid).
-            _server.request_params(sampling_params.extra_args)
+            # The engine reads the knobs the same way (``protocol.classify``, over the server's
+            # defaults, which are valid).
+            _server.check_request(sampling_params.extra_args)
         except ValueError as error:
             raise ValueError(f"Invalid WeDLM setting in extra_args / vllm_xargs: {error}") from None
         if sampling_params.logprobs is not None and sampling_params.logprobs < 0:

@@ -26,8 +26,8 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
 from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom, edit_in_batch_order
+from vllm_wedlm.adapter.protocol import plan_of
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
-from vllm_wedlm.adapter.window_sizer import WINDOW_SIZES_ATTR
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
 from vllm_wedlm.core.params import WeDLMParams
@@ -183,7 +183,7 @@ class RowLayout:
         req_ids = runner.input_batch.req_ids[:num_reqs]
         states = [runner._request_state(req_id) for req_id in req_ids]
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
+        chosen = plan_of(scheduler_output).window_sizes
         window_size = self.settings.window_size
         return ScheduledBatch(
             req_ids=list(req_ids), states=states,

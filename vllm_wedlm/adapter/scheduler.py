@@ -20,6 +20,7 @@ decoding:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,19 +33,19 @@ from vllm.v1.request import RequestStatus
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
-from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
 from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
-from vllm_wedlm.adapter.run_output import append_run
-from vllm_wedlm.adapter.window_sizer import (
-    FORWARDED_SIZES_ATTR,
-    MASK_ROWS_ATTR,
-    PADDED_ATTR,
-    WINDOW_SIZES_ATTR,
-    WindowSizer,
+from vllm_wedlm.adapter.protocol import (
+    RequestKind,
+    RequestRecord,
+    WeDLMSchedulerOutput,
+    WeDLMStepPlan,
+    classify,
+    plan_of,
 )
-from vllm_wedlm.config import WeDLMSettings, decodes_ar, max_window_tokens
-from vllm_wedlm.core.logit_edits import LogitEdits
+from vllm_wedlm.adapter.run_output import append_run
+from vllm_wedlm.adapter.window_sizer import WindowSizer
+from vllm_wedlm.config import WeDLMSettings, max_window_tokens
 
 # Under "vllm." so that vLLM's logging configuration (handler, level, format) applies.
 logger = init_logger("vllm.wedlm")
@@ -89,13 +90,15 @@ class WeDLMScheduler(Scheduler):
         self.commit_stats = CommitStats()
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
-        # Requests decoded AR on this engine (``config.decodes_ar``, fixed when a request arrives):
-        # asked of every running request each step, so kept rather than read from its parameters.
-        self._autoregressive: set[str] = set()
+        # Every request's record (``protocol.classify``: its kind, knobs, pin), made when it arrives
+        # and forgotten when it is freed (``_free_request``): the one per-request map of its kind.
+        self._records: dict[str, RequestRecord] = {}
         self._forwarded: dict[str, int] = {}
         self._forwarded_sizes: dict[str, int] = {}  # req_id -> W of the window forwarded (the log line's)
-        # req_id -> the first window's slots, for the requests whose first window rode with their
-        # prompt in the step scheduled last (scheduling is synchronous: the step updated next).
+        # The step being scheduled, for its plan (``_step_plan``): the W of each window it plans and
+        # of each it forwards (the adaptive window), and the first windows riding with a prompt.
+        self._window_sizes: dict[str, int] = {}
+        self._forwarded_now: dict[str, int] = {}
         self._first_windows: dict[str, int] = {}
         # req_id -> the step's statistics (None when not logged), for each request whose window the
         # step being updated forwarded: its committed tokens are counted once its output is appended.
@@ -123,28 +126,18 @@ class WeDLMScheduler(Scheduler):
         self._timed_step: tuple[int, int | None] | None = None
 
     def add_request(self, request) -> None:
-        if decodes_ar(request.sampling_params):
-            self._autoregressive.add(request.request_id)
-        elif self._sizer is not None:
-            self._pin_window(request)
+        record = self._records[request.request_id] = classify(request.sampling_params, self.wedlm)
+        if record.pin_error is not None:
+            # The front end refused pins this server cannot run (request_validator.py) where it built
+            # the engine's config; one that did not (one of several API servers) let this one through.
+            logger.warning("WeDLM: request %s runs at W %s: %s", request.request_id,
+                           record.pinned_window or self.wedlm.window_size, record.pin_error)
+        if self._sizer is not None and record.pinned_window is not None:
+            self._sizer.pin(request.request_id, record.pinned_window)  # (``WindowSizer.pin``)
         super().add_request(request)
 
-    def _pin_window(self, request) -> None:
-        """A request that pins its W (``REQUEST_WINDOW_SIZE``) keeps it (``WindowSizer.pin``). The front
-        end refused pins this server cannot run (request_validator.py) where it built the engine's config;
-        a front end that did not (one of several API servers) let through at worst a W above the most,
-        run here at the most, and said so."""
-        extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        try:
-            pinned = self.wedlm.pinned_window(extra_args)
-        except ValueError as error:
-            pinned = self.wedlm.window_size
-            logger.warning("WeDLM: request %s runs at W %d: %s", request.request_id, pinned, error)
-        if pinned is not None:
-            self._sizer.pin(request.request_id, pinned)
-
     def _decodes_ar(self, request) -> bool:
-        return request.request_id in self._autoregressive
+        return self._records[request.request_id].kind is RequestKind.AR
 
     def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
         # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
@@ -165,7 +158,7 @@ class WeDLMScheduler(Scheduler):
         """W of the window the runner holds for ``request`` (or plans in the step being scheduled)."""
         return self.wedlm.window_size if self._sizer is None else self._sizer.window_of(request.request_id)
 
-    def schedule(self, *args, **kwargs):
+    def schedule(self, *args, **kwargs) -> WeDLMSchedulerOutput:
         self._step_began = time.perf_counter()
         withheld = self._steps_ar() if self._sizer is not None and self._sizer.ar_steps else None
         self._ar_step = withheld is not None
@@ -177,7 +170,12 @@ class WeDLMScheduler(Scheduler):
             if not scheduled and request.status == RequestStatus.RUNNING:
                 request.spec_token_ids = drafts
                 request.num_computed_tokens += rewound
-        return scheduler_output
+        return WeDLMSchedulerOutput.of(scheduler_output, self._step_plan())
+
+    def _step_plan(self) -> WeDLMStepPlan:
+        """The plan of the step just scheduled (``_update_after_schedule`` made its parts)."""
+        return WeDLMStepPlan(window_sizes=self._window_sizes, forwarded_sizes=self._forwarded_now,
+                             first_windows=self._first_windows)
 
     def _steps_ar(self) -> dict | None:
         """Whether the step about to be scheduled is an AR step (W 0) of every running WeDLM request
@@ -188,7 +186,7 @@ class WeDLMScheduler(Scheduler):
         a token drawn from that row and not returned yet, so draws it again. Only where no such request
         has a grammar (a grammar window's state is the runner's). Returns each window's drafts and
         rewound tokens (None: not an AR step)."""
-        windowed = [request for request in self.running if not self._decodes_ar(request)]
+        windowed = [request for request in self.running if not self._decodes_ar(request)]  # (a record each)
         if not windowed or any(request.use_structured_output for request in windowed):
             return None
         if not self._sizer.steps_ar([request.request_id for request in windowed]):
@@ -207,9 +205,10 @@ class WeDLMScheduler(Scheduler):
         # included (rejected ones are taken back in update_from_output): add first windows first,
         # of the W chosen for them now.
         windowless = None  # where W can be 0: the requests of the step the runner holds no window for
+        self._window_sizes, self._forwarded_now = {}, {}
         if self._sizer is not None:
             windowless, stepping_ar, planning = self._windows_of_step(scheduler_output)
-            self._sizer.assign(scheduler_output, planning, stepping_ar, self._zero_ok)
+            self._window_sizes, self._forwarded_now = self._sizer.assign(planning, stepping_ar, self._zero_ok)
         self._first_windows = self._ride_first_windows(scheduler_output, windowless)
         self._timed_step = None if windowless is None else self._timing(scheduler_output)
         super()._update_after_schedule(scheduler_output)
@@ -236,7 +235,7 @@ class WeDLMScheduler(Scheduler):
                 windowless.add(req_id)
             # A WeDLM request that forwards up to its last token: it draws, or plans a window.
             completes_wedlm = (request.num_computed_tokens + num_tokens >= request.num_tokens
-                               and req_id not in self._autoregressive)
+                               and self._records[req_id].windowed)
             steps_ar = completes_wedlm and self._ar_step and not request.use_structured_output
             if steps_ar:
                 stepping_ar.append(req_id)
@@ -268,7 +267,7 @@ class WeDLMScheduler(Scheduler):
         """
         budget = self.max_num_scheduled_tokens - scheduler_output.total_num_scheduled_tokens
         scheduled = scheduler_output.num_scheduled_tokens
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
+        chosen = self._window_sizes
         firsts: dict[str, int] = {}
         for req_id, num_tokens in scheduled.items():
             request = self.requests[req_id]
@@ -299,21 +298,20 @@ class WeDLMScheduler(Scheduler):
     def _free_request(self, request, *args, **kwargs):
         if self._sizer is not None:
             self._sizer.forget(request.request_id)  # finished or aborted
-        self._autoregressive.discard(request.request_id)
+        self._records.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
     def _plain_wedlm(self, request) -> bool:
-        extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        return not self._decodes_ar(request) and not self.wedlm.request_params(extra_args).lossless
+        return self._records[request.request_id].kind is RequestKind.PLAIN
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        plan = plan_of(scheduler_output)
         # req_id -> window slots forwarded (a first window's prompt rows are not)
-        self._forwarded = {**scheduler_output.num_scheduled_tokens, **self._first_windows}
+        self._forwarded = {**scheduler_output.num_scheduled_tokens, **plan.first_windows}
         # req_id -> W of the window forwarded (the adaptive window), for the log line
-        self._forwarded_sizes = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
+        self._forwarded_sizes = plan.forwarded_sizes
         self._window_stats = {}
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}
-        undrafted = self._undrafted_forwards(scheduler_output, chosen)
+        undrafted = self._undrafted_forwards(scheduler_output, plan)
         if undrafted:  # forwards of W 0 without drafts: a request-forward each, its token counted once appended
             stats = self._count_undrafted(len(undrafted), sum(undrafted.values()))
             self._window_stats.update(dict.fromkeys(undrafted, stats))
@@ -326,9 +324,9 @@ class WeDLMScheduler(Scheduler):
         self._hold_prompt_logprobs(model_runner_output)
         if self._sizer is not None and model_runner_output.sampled_token_ids:
             sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
-            self._sizer.observe(scheduler_output, {req_id: len(sampled[index[req_id]])
-                                                   for req_id in scheduler_output.scheduled_spec_decode_tokens
-                                                   if req_id in index})
+            self._sizer.observe(plan.forwarded_sizes, {req_id: len(sampled[index[req_id]])
+                                                       for req_id in scheduler_output.scheduled_spec_decode_tokens
+                                                       if req_id in index})
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if isinstance(model_runner_output, WeDLMRunnerOutput):
             for req_id, window in model_runner_output.next_windows.items():
@@ -345,14 +343,15 @@ class WeDLMScheduler(Scheduler):
             self.commit_stats, self._last_log = CommitStats(), now
         return outputs
 
-    def _undrafted_forwards(self, scheduler_output, chosen: dict[str, int]) -> dict[str, int]:
+    def _undrafted_forwards(self, scheduler_output, plan: WeDLMStepPlan) -> dict[str, int]:
         """The forwards of W 0 in a finished step that had no drafts (so vLLM counts none of them),
-        with their rows: here an AR step's (``chosen``: the step's ``WINDOW_SIZES_ATTR``), each
-        request's leading run. On fixed rows W 0 is a window's own, counted as any window's forward."""
+        with their rows: here an AR step's (W 0 in the step's ``plan``), each request's leading run.
+        On fixed rows W 0 is a window's own, counted as any window's forward."""
         if not self.takes_ar_steps:
             return {}
         scheduled = scheduler_output.num_scheduled_tokens
-        return {req_id: scheduled.get(req_id, 0) for req_id, window_size in chosen.items() if window_size == 0}
+        return {req_id: scheduled.get(req_id, 0) for req_id, window_size in plan.window_sizes.items()
+                if window_size == 0}
 
     def _update_request_with_output(self, request, new_token_ids):
         # A window's run in one pass rather than vLLM's token-by-token loop (run_output.py).
@@ -506,26 +505,23 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                     "beyond %d", self._gate.budget, self._gate.knee)
         # Requests whose prefill is scheduled to the end: each of their steps is a window.
         self._windowed: set[str] = set()
-        # Lossless WeDLM requests: every window step forwards Q rows (its leading run, unverified
-        # and known on the device only, then W slots) and returns its verified run, KV written.
-        self._lossless: set[str] = set()
+        # (A lossless request's window steps forward Q rows each: its leading run, unverified and
+        # known on the device only, then W slots; each returns its verified run, KV written.)
         # req_id -> the leading run its last finished step returned (what its next window adds to W).
         self._runs: dict[str, int] = {}
         # req_id -> at most how many slots follow the leading run of the window its last finished
         # step planned (``_span``); kept through a preemption, as the window is.
         self._spans: dict[str, int] = {}
-        # id(scheduler_output) -> what a step scheduled and not yet back forwards (at most two
-        # steps: vLLM's batch queue): the first windows that rode with a prompt, and every request
-        # whose window (drafts) it forwards.
-        self._in_flight: dict[int, tuple[dict[str, int], set[str], list[str]]] = {}
-        # The requests whose window of W 0 the step being updated drew from a re-prefill's last row.
-        self._redrawn: list[str] = []
-        # The most slots after the leading run of a plain window running now (``MASK_ROWS_ATTR``).
+        # The steps scheduled and not yet back (at most two: vLLM's batch queue), oldest first: each
+        # one's plan and the requests whose windows (drafts) it forwards.
+        self._in_flight: list[tuple[WeDLMStepPlan, frozenset[str]]] = []
+        # The step being scheduled: the most slots after the leading run of a plain window running
+        # now, whether the gate padded its windows, and its windows of W 0 drawn from a re-prefill's
+        # last row (the plan's ``mask_rows``, ``padded``, ``redrawn``).
         self._mask_rows = 0
-        # Whether the gate padded this step's windows (``PADDED_ATTR``).
+        self._mask_rows_now = 1
         self._padded = True
-        # The plain requests whose windows may take W 0 (``zero_window_eligible``), fixed at arrival.
-        self._zero_eligible: set[str] = set()
+        self._redrawn_now: tuple[str, ...] = ()
 
     def _update_request_with_output(self, request, new_token_ids):
         # vLLM's async accounting of output placeholders wraps the per-token loop, which it calls
@@ -533,19 +529,11 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         # engine keeps that loop rather than a copy of that accounting around append_run.
         return self._count_returned(request, AsyncScheduler._update_request_with_output(self, request, new_token_ids))
 
-    def add_request(self, request) -> None:
-        super().add_request(request)  # (it counts the requests decoded AR, ``_autoregressive``)
-        extra_args = request.sampling_params.extra_args if request.sampling_params else None
-        if not self._decodes_ar(request) and self.wedlm.request_params(extra_args).lossless:
-            self._lossless.add(request.request_id)
-        elif (self._sizer is not None and self._sizer.zero_windows and not self._decodes_ar(request)
-              and zero_window_eligible(request.sampling_params)):
-            self._zero_eligible.add(request.request_id)
+    def _lossless(self, req_id: str) -> bool:
+        return self._records[req_id].kind is RequestKind.LOSSLESS
 
     def _free_request(self, request, *args, **kwargs):
         self._forget(request.request_id)  # finished or aborted
-        self._lossless.discard(request.request_id)
-        self._zero_eligible.discard(request.request_id)
         self._spans.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
@@ -553,7 +541,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         self._windowed.discard(req_id)
         self._runs.pop(req_id, None)
 
-    def schedule(self, *args, **kwargs):
+    def schedule(self, *args, **kwargs) -> WeDLMSchedulerOutput:
         # Each running window's W and span (``_span``), asked once a step: the gate, its rows and the
         # step's logits rows follow from them.
         shapes = {}
@@ -564,7 +552,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         exact = padding = 0
         self._mask_rows = 0
         for req_id, (w, span) in shapes.items():
-            if req_id in self._lossless:  # 2W rows either way
+            if self._lossless(req_id):  # 2W rows either way
                 exact += max_window_tokens(w)
                 padding += max_window_tokens(w)
             else:
@@ -572,16 +560,17 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 padding += span + w
                 self._mask_rows = max(self._mask_rows, w, span)
         padded = self._padded = self._gate.pipelines(padding, exact)
-        if self._zero_eligible:
+        if self._sizer is not None and self._sizer.zero_windows:
             # W 0 needs a run to draw from: the window forwarded now has at most one slot after its
             # run, and that one a mask (W <= 1, no fill left further right: S <= 1), which the step
             # fills (at least one mask is, the first by then); unless the step is not padded, where a
-            # window may be void and fill nothing.
+            # window may be void and fill nothing. Only plain requests that ask for nothing per row
+            # (``RequestRecord.zero_eligible``).
             self._zero_ok = {req_id for req_id, (w, span) in shapes.items()
-                             if padded and w <= 1 and span <= 1 and req_id in self._zero_eligible}
+                             if padded and w <= 1 and span <= 1 and self._records[req_id].zero_eligible}
         held, kept = [], []
         for request in self.running:
-            if request.request_id in self._autoregressive:
+            if self._decodes_ar(request):
                 rows = self._ar_rows(request)
             elif request.request_id in shapes:
                 rows = self._rows(request, padded, *shapes[request.request_id])
@@ -600,11 +589,17 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             self.running = kept
             self.max_num_running_reqs -= len(held)
         try:
-            return super().schedule(*args, **kwargs)
+            scheduler_output = super().schedule(*args, **kwargs)
         finally:
             if held:
                 self.running = held + self.running
                 self.max_num_running_reqs += len(held)
+        self._in_flight.append((scheduler_output.wedlm_plan, frozenset(scheduler_output.scheduled_spec_decode_tokens)))
+        return scheduler_output
+
+    def _step_plan(self) -> WeDLMStepPlan:
+        return dataclasses.replace(super()._step_plan(), mask_rows=self._mask_rows_now, padded=self._padded,
+                                   redrawn=self._redrawn_now)
 
     def _rows(self, request, padded: bool, window_size: int, span: int) -> int | None:
         """The rows of a windowed request's next window step, or None to hold it out of this schedule.
@@ -622,7 +617,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         ``max_model_len`` (C bounds the window's start from above while a step is in flight).
         ``window_size`` and ``span``: the window's W and S (``window_of``, ``_span``)."""
         computed = request.num_computed_tokens
-        lossless = request.request_id in self._lossless  # its leading run is known on the device only
+        lossless = self._lossless(request.request_id)  # its leading run is known on the device only
         if not request.num_output_placeholders:  # vLLM cuts the rows at max_model_len
             run = request.num_tokens - computed
             return max_window_tokens(window_size) if lossless else (max(run, window_size) if padded else run) + span
@@ -654,14 +649,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         super()._update_after_schedule(scheduler_output)
         # The most slots after a plain window's leading run in this step: those of the windows
         # running (``schedule``) and of the first windows riding with a prompt (W masks each).
-        setattr(scheduler_output, MASK_ROWS_ATTR, max([self._mask_rows, 1, *self._first_windows.values()]))
-        setattr(scheduler_output, PADDED_ATTR, self._padded)
-        windows = set(scheduler_output.scheduled_spec_decode_tokens)
+        self._mask_rows_now = max([self._mask_rows, 1, *self._first_windows.values()])
         redrawn = []
-        forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, None) or {}
+        forwarded = self._forwarded_now
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
-            if req_id in self._autoregressive:
+            if self._decodes_ar(request):
                 # vLLM's async scheduler gave it the engine's placeholders: no drafts, no sampled token.
                 request.spec_token_ids = []
                 if not request.is_prefill_chunk:
@@ -673,18 +666,20 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                     request.num_output_placeholders += 1
                     redrawn.append(req_id)
                 self._windowed.add(req_id)
-        self._in_flight[id(scheduler_output)] = (self._first_windows, windows, redrawn)
+        self._redrawn_now = tuple(redrawn)
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        self._first_windows, _, self._redrawn = self._in_flight.pop(id(scheduler_output), ({}, set(), []))
+        plan = plan_of(scheduler_output)
+        # The step is back: out of the steps in flight (the same plan object its schedule returned).
+        self._in_flight = [step for step in self._in_flight if step[0] is not plan]
         drafted = scheduler_output.scheduled_spec_decode_tokens
         sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
         spans = getattr(model_runner_output, "window_spans", None) or {}  # the device's (adaptive window)
-        chosen = getattr(scheduler_output, WINDOW_SIZES_ATTR, None) or {}  # the W each window was planned with
+        chosen = plan.window_sizes  # the W each window was planned with
         # The requests whose next window step is in flight already (scheduled pipelined, before this
         # output): that step forwards the run this one returns, void or not, and counted it when it
         # was scheduled. Otherwise the run is still to be scheduled.
-        pipelined = set().union(*(later for _, later, _ in self._in_flight.values()))
+        pipelined = set().union(*(later for _, later in self._in_flight))
         for req_id in drafted:
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not sampled:
@@ -693,7 +688,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # The run a window step returns is the next window's leading run, whose KV the
             # request's next window step writes.
             run = len(sampled[index[req_id]])
-            if req_id in self._lossless:
+            if self._lossless(req_id):
                 continue  # its verified run: KV written by this step, as vLLM counts accepted drafts
             self._planned(req_id, chosen, request, run, spans.get(req_id))
             if req_id not in pipelined:
@@ -705,34 +700,22 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             self._planned(req_id, chosen, self.requests.get(req_id), 0)
         return super().update_from_output(scheduler_output, model_runner_output)
 
-    def _undrafted_forwards(self, scheduler_output, chosen: dict[str, int]) -> dict[str, int]:
+    def _undrafted_forwards(self, scheduler_output, plan: WeDLMStepPlan) -> dict[str, int]:
         # A window of W 0 re-prefilled after a preemption: its forward is its draw's row.
-        return dict.fromkeys(self._redrawn, 1)
+        return dict.fromkeys(plan.redrawn, 1)
 
     def _planned(self, req_id: str, chosen: dict[str, int], request, run: int, span: int | None = None) -> None:
         """Bound the slots after the leading run (``run``) of the window a finished step planned for
-        ``req_id`` (``request``, None if gone) with W (``chosen``: the step's ``WINDOW_SIZES_ATTR``):
+        ``req_id`` (``request``, None if gone) with W (``chosen``: the step plan's ``window_sizes``):
         the ``span`` the runner reports (the window's length in the device's table, less that run:
         ``FixedRows.window_spans``), else W or what the window before held after its run, less this
         run (the plan keeps every fill, up to the last). A window of W 0 has no slot after its run,
         but its step's run is its one draw: its bound is 1."""
-        if req_id in chosen and req_id not in self._lossless and request and not request.is_finished():
+        if req_id in chosen and request and not request.is_finished() and not self._lossless(req_id):
             window_size = chosen[req_id]
             if span is None:
                 span = max(window_size, self._spans.get(req_id, window_size) - run)
             self._spans[req_id] = max(span, 1)
-
-
-def zero_window_eligible(params) -> bool:
-    """Whether a plain WeDLM request's windows may take W 0 (one AR row; the runner draws it apart
-    from the window step): none of what the runner applies per row or records per fill, which the W 0
-    draw does not: log-probs, a grammar, and the runner's own logit and context edits (the same
-    ``LogitEdits.of`` and ``ContextEdits.of`` it builds each request's state from)."""
-    return (params is not None and params.logprobs is None and not params.logprob_token_ids
-            and params.structured_outputs is None
-            and LogitEdits.of(params.allowed_token_ids, params.logit_bias, params.min_tokens,
-                              params.all_stop_token_ids) is None
-            and ContextEdits.of(params) is None)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:

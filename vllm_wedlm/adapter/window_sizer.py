@@ -3,7 +3,7 @@ W of every window a step plans (``core/window_policy.py`` chooses it).
 
 The scheduler decides W because it decides the rows: with fixed window rows it schedules a window's
 rows from its W (2W padded, or W and a predicted run) before the runner has planned it. Each step's
-choice travels to the runner on the step's ``SchedulerOutput`` (``WINDOW_SIZES_ATTR``: request id ->
+choice travels to the runner in the step's plan (``protocol.WeDLMStepPlan.window_sizes``: request id ->
 W), and the runner plans each window of the step (the next one of each window it forwards, the first
 one after a prompt) with it. So a step's W is the W of the window the runner holds for the request
 from then on, until the request's next step plans again; the scheduler keeps it (``window_of``) to
@@ -57,18 +57,6 @@ from vllm_wedlm.core.window_policy import (
     zero_windows,
 )
 
-#: The ``SchedulerOutput`` attribute that carries a step's window sizes to the runner (a plain
-#: attribute of vLLM's dataclass: it travels with the object, pickled to other worker processes).
-WINDOW_SIZES_ATTR = "wedlm_window_sizes"
-#: The W of each window the step forwards, for the scheduler's count of its commits.
-FORWARDED_SIZES_ATTR = "wedlm_forwarded_window_sizes"
-#: With fixed window rows: at most how many slots follow a plain window's leading run in the step (its
-#: W, or the fills a wider window left), which bounds the mask rows it needs logits for. An adaptive
-#: window's W is mostly far below the server's, and a window of W 1 then needs one logits row, not two.
-MASK_ROWS_ATTR = "wedlm_mask_rows"
-#: With fixed window rows: whether the scheduler's gate padded the step's plain windows to the rows of
-#: their longest possible run (pipelined; none can be void) or gave them a known or predicted run's.
-PADDED_ATTR = "wedlm_padded"
 #: Weight of each request's reach, after each of its forwards, in the server's (a new request's start);
 #: a step moves the server's reach toward its requests' mean once, by the weight of that many forwards.
 PRIOR_WEIGHT = REACH_WEIGHT / 8
@@ -211,11 +199,12 @@ class WindowSizer:
         self.ar_streak += 1
         return True
 
-    def assign(self, scheduler_output, planning: list[str], stepping_ar: list[str] = (),
-               zero_ok: set[str] | frozenset = frozenset()) -> dict[str, int]:
+    def assign(self, planning: list[str], stepping_ar: list[str] = (),
+               zero_ok: set[str] | frozenset = frozenset()) -> tuple[dict[str, int], dict[str, int]]:
         """Choose W for each window the step plans (the requests ``planning``: every window it
-        forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step),
-        attach the choice to ``scheduler_output`` and return it. A request not seen yet starts from
+        forwards and every prompt it completes) and W 0 for the requests ``stepping_ar`` (an AR step).
+        Returns the choice (request id -> W, the step plan's ``window_sizes``) and the W of each window
+        the step forwards (its ``forwarded_sizes``, for ``observe``). A request not seen yet starts from
         the server's reach (``prior``). With ``zero_windows``, the requests ``zero_ok`` may plan a
         window of W 0 (``_zero_windows``)."""
         self.steps += 1
@@ -233,13 +222,11 @@ class WindowSizer:
             chosen.update((req_id, self.pinned[req_id]) for req_id in self.pinned.keys() & chosen.keys())
         # The window a step forwards was planned by the request's step before (a first window riding
         # with its prompt, or a window after an AR step, by this one); a window of W 0 is its own.
-        setattr(scheduler_output, FORWARDED_SIZES_ATTR,
-                {req_id: (self.planned.get(req_id, chosen[req_id]) if self.zero_windows
-                          else self.planned.get(req_id) or chosen[req_id]) for req_id in planning})
+        forwarded = {req_id: (self.planned.get(req_id, chosen[req_id]) if self.zero_windows
+                              else self.planned.get(req_id) or chosen[req_id]) for req_id in planning}
         chosen.update(dict.fromkeys(stepping_ar, 0))
         self.planned.update(chosen)
-        setattr(scheduler_output, WINDOW_SIZES_ATTR, chosen)
-        return chosen
+        return chosen, forwarded
 
     def _zero_windows(self, planning: list[str], reaches: list[list[float]], sizes: list[int],
                       zero_ok: set[str] | frozenset) -> list[int]:
@@ -276,10 +263,10 @@ class WindowSizer:
         gap = math.ceil(probe / share) if share > 0 else MAX_ZERO_PROBE_GAP
         return max(MAX_PROBE_GAP, min(gap, MAX_ZERO_PROBE_GAP))
 
-    def observe(self, scheduler_output, runs: dict[str, int]) -> None:
+    def observe(self, forwarded: dict[str, int], runs: dict[str, int]) -> None:
         """Count what the windows of a finished step committed (``runs``: request id -> tokens
-        returned, for the requests whose window it forwarded)."""
-        forwarded = getattr(scheduler_output, FORWARDED_SIZES_ATTR, {})
+        returned, for the requests whose window it forwarded, of the W in ``forwarded``: the step
+        plan's ``forwarded_sizes``)."""
         updated = []
         # In a fixed order: a set's order follows the hash seed, and the mean's rounding with it.
         for req_id in sorted(runs.keys() & forwarded.keys()):
