@@ -228,15 +228,15 @@ CANVASES = {
 
 
 def set_tau(llm, tau: float) -> None:
-    """The WeDLM threshold of every window from now on (the binding's params: one per engine)."""
+    """The WeDLM threshold of the requests added from now on (the server's default knobs, over which
+    the binding reads a request's own)."""
+    import dataclasses
+
     from vllm_wedlm.core.params import WeDLMParams
 
-    params = WeDLMParams(entropy_threshold=tau)
-
     def apply(worker) -> None:
-        runner = worker.model_runner
-        runner.model_state.params = params
-        runner.sampler.params = params
+        state = worker.model_runner.model_state
+        state.settings = dataclasses.replace(state.settings, params=WeDLMParams(entropy_threshold=tau))
 
     llm.collective_rpc(apply)
 

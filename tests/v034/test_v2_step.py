@@ -116,3 +116,23 @@ def test_canvases_of_several_widths_in_one_batch_each_match_the_reference_at_the
         expected = decoder.generate(prompt, StopRule(max_tokens=40, stop_token_ids=STOP))
         assert_same_as_reference(harness, req_id, expected)
     assert max(harness.trace.runs["w16"]) > max(harness.trace.runs["w4"]) >= max(harness.trace.runs["w1"]) == 1
+
+
+def test_each_request_keeps_its_own_knobs_in_one_batch(prompts, reference):
+    """A request's ``wedlm_entropy_threshold`` and ``wedlm_pos_penalty`` (read once when it is added,
+    ``protocol.classify``) select its fills beside requests of other knobs: each gives what the
+    reference decoder gives with its own."""
+    from vllm_wedlm.config import WeDLMSettings
+
+    knobs = {"default": {}, "fill-all": {"wedlm_entropy_threshold": 1e9},
+             "one-a-step": {"wedlm_entropy_threshold": "none"}, "near-first": {"wedlm_pos_penalty": 1.0}}
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4)
+    for (req_id, extra), prompt in zip(knobs.items(), prompts, strict=False):
+        harness.add(req_id, prompt, SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=sorted(STOP),
+                                                   extra_args=extra or None))
+    harness.run()
+    for (req_id, extra), prompt in zip(knobs.items(), prompts, strict=False):
+        own = WeDLMSettings().request_params(extra)  # the knobs over the defaults, as a server reads them
+        expected = reference.generate(prompt, StopRule(max_tokens=40, stop_token_ids=STOP), params=own)
+        assert_same_as_reference(harness, req_id, expected)
+    assert max(harness.trace.runs["one-a-step"]) == 1 < max(harness.trace.runs["fill-all"])

@@ -27,8 +27,9 @@ from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.states import RequestState
 
+from vllm_wedlm.adapter.protocol import RequestRecord, classify
+from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core.batch import plan_windows
-from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams
 from vllm_wedlm.v2.sampler import WeDLMSampler
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
 
@@ -45,7 +46,10 @@ class WeDLMModelState(DefaultModelState):
         if canvas <= 0 or canvas % 2:
             raise ValueError(f"a WeDLM canvas is 2 W placeholder tokens (the diffusion canvas_length), got {canvas}")
         self.window_size = canvas // 2
-        self.params: WeDLMParams = DEFAULT_PARAMS
+        # The server's WeDLM settings: a fixed W of half the canvas, the default knobs (a request's own
+        # over them, ``protocol.classify``).
+        self.settings = WeDLMSettings(window_size=self.window_size, adaptive_window=False)
+        self.records: dict[str, RequestRecord] = {}  # each running request's, from add_request
         mask_id = getattr(self.model_config.hf_config, "mask_token_id", None)
         if mask_id is None:
             raise ValueError("a WeDLM model's config names its mask_token_id")
@@ -57,8 +61,12 @@ class WeDLMModelState(DefaultModelState):
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
+        # Its kind, knobs and per-row asks, read once (the V1 binding's ``classify``). This slice
+        # decodes plain windows only: lossless and AR requests need the prompt's last logits row, and
+        # a front end that refuses them comes with the binding's registration (docs/vllm-upgrade.md).
+        record = self.records[new_req_data.req_id] = classify(new_req_data.sampling_params, self.settings)
         self.table.add(req_index, new_req_data.req_id, len(new_req_data.prefill_token_ids),
-                       self.requested_window_size(new_req_data.sampling_params))
+                       self.requested_window_size(new_req_data.sampling_params), record.params)
 
     def requested_window_size(self, params: Any) -> int:
         """W of a request whose ``diffusion_canvas_length`` (the scheduler's canvas, at most the
@@ -72,6 +80,7 @@ class WeDLMModelState(DefaultModelState):
 
     def remove_request(self, req_id: str) -> None:
         super().remove_request(req_id)
+        self.records.pop(req_id, None)
         self.table.remove(req_id)
 
     def prepare_inputs(self, input_batch: InputBatch, req_states: RequestState) -> dict[str, Any]:
@@ -112,4 +121,4 @@ class WeDLMModelState(DefaultModelState):
             self.table.committed[live] = num_computed_tokens[live].long()
 
     def custom_sampler(self, sampler: Any) -> tuple[WeDLMSampler, None]:
-        return WeDLMSampler(sampler, self.table, self.params, lambda: self.step), None
+        return WeDLMSampler(sampler, self.table, lambda: self.step), None

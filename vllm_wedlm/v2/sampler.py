@@ -20,7 +20,6 @@ from vllm.v1.worker.gpu.input_batch import InputBatch, get_num_sampled_and_rejec
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from vllm_wedlm.core.batch import fill_masks, slots_of_rows
-from vllm_wedlm.core.params import WeDLMParams, selection_tensors
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
@@ -29,11 +28,9 @@ _GREEDY = SamplingBatch(temperature=None, top_k=None, top_p=None, ban_mask_token
 
 
 class WeDLMSampler:
-    def __init__(self, base: Any, table: WindowTable, params: WeDLMParams,
-                 current_step: Callable[[], WindowStep | None]):
+    def __init__(self, base: Any, table: WindowTable, current_step: Callable[[], WindowStep | None]):
         self.base = base  # vLLM's Sampler: per-request sampling state, penalties, log-prob ids
-        self.table = table
-        self.params = params
+        self.table = table  # each slot's window and knobs
         self.current_step = current_step  # the model state's plan of this step's windows
         self.req_states = base.req_states
         self.penalties_state = base.penalties_state  # post_update counts the committed tokens in it
@@ -68,7 +65,7 @@ class WeDLMSampler:
         entropy[step.rows] = row_entropy(logits)
         drawn[step.rows] = sample(logits, _GREEDY, mask_id)
         first_row = torch.zeros_like(plan.num_commit)
-        tau, lam = selection_tensors([self.params] * len(step.slots), logits.device)
+        tau, lam = self.table.entropy_threshold[step.slots], self.table.pos_penalty[step.slots]  # [B] each
         windows = fill_masks(plan.windows, plan.num_commit, slots_of_rows(entropy, plan.order, first_row),
                              slots_of_rows(drawn, plan.order, first_row), tau, lam, mask_id)
         self.table.windows.store(step.slots, windows)

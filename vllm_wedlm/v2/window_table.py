@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_wedlm.core.batch import BatchPlan, WindowBatch
+from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams, selection_tensors
 
 
 def canvas_width(window_size: int) -> int:
@@ -44,6 +45,10 @@ class WindowTable:
         self.committed = torch.zeros(max_num_reqs, dtype=torch.long, device=device)
         # [max_num_reqs] int64: each slot's W (its request's canvas of 2 W rows; a narrower one, fewer).
         self.window_size_of = torch.full((max_num_reqs,), window_size, dtype=torch.long, device=device)
+        # [max_num_reqs] float32: each slot's entropy threshold (-inf: one fill a step) and position
+        # penalty (``selection_tensors``), its request's knobs.
+        self.entropy_threshold = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
+        self.pos_penalty = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.slot_of: dict[str, int] = {}
         # Windows of removed requests, oldest first: request id -> (committed length, window).
         self.kept: OrderedDict[str, tuple[int, WindowBatch]] = OrderedDict()
@@ -51,10 +56,11 @@ class WindowTable:
         self.num_resumed = 0  # windows given back to preempted requests
         self.resumed_fills = 0  # filled slots they held (one host sync per resumed request)
 
-    def add(self, slot: int, req_id: str, num_tokens: int, window_size: int | None = None) -> None:
+    def add(self, slot: int, req_id: str, num_tokens: int, window_size: int | None = None,
+            params: WeDLMParams = DEFAULT_PARAMS) -> None:
         """Give ``slot`` to a request of ``num_tokens`` tokens to prefill: its kept window when it
         was removed at that length (a preemption), else none yet (the first step plans W masks);
-        its W is ``window_size`` (None: the table's)."""
+        its W is ``window_size`` (None: the table's), its knobs ``params``."""
         kept = self.kept.pop(req_id, None)
         if kept is not None and kept[0] == num_tokens:
             window = kept[1]
@@ -65,6 +71,9 @@ class WindowTable:
         self.windows.store(torch.tensor([slot], device=self.device), window)
         self.committed[slot] = num_tokens
         self.window_size_of[slot] = self.window_size if window_size is None else window_size
+        tau, lam = selection_tensors([params])  # (on the host: written as scalars, no copy to wait for)
+        self.entropy_threshold[slot] = tau.item()
+        self.pos_penalty[slot] = lam.item()
         self.slot_of[req_id] = slot
 
     def remove(self, req_id: str) -> None:
