@@ -15,10 +15,13 @@ import vllm
 from vllm_wedlm.adapter.vllm_contract import (
     CONTRACT,
     DOC,
+    INPUT_BATCH_ATTRIBUTES,
     LAZY_MODULES,
     PINNED_VLLM,
+    RUNNER_ATTRIBUTES,
     Member,
     VLLMContractError,
+    check_runner_attributes,
     check_vllm_contract,
     params_of,
 )
@@ -158,3 +161,66 @@ def test_cpu_modules_are_checked_only_once_imported(monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm.v1.worker.cpu_worker", raising=False)  # put back after the test
     check_vllm_contract({"vllm.v1.worker.cpu_worker:CPUWorker": {"not_there": Member(None, None)}})
     assert "vllm.v1.worker.cpu_worker" not in sys.modules
+
+
+def runner_reads() -> tuple[set[str], set[str]]:
+    """The attributes of vLLM's runner and of its input batch that the adapter names: ``runner.X`` and
+    ``self.runner.X`` in every module, ``self.X`` inside the runner mixin, ``input_batch.X`` anywhere;
+    less what the mixin defines itself (its methods and the ``wedlm_`` attributes it sets)."""
+    import ast
+
+    from vllm_wedlm.adapter.model_runner import WeDLMRunnerMixin
+
+    own = set(vars(WeDLMRunnerMixin))
+    runner, batch = set(), set()
+    for path in sorted((ROOT / "vllm_wedlm" / "adapter").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        mixin = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "WeDLMRunnerMixin"]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            value = node.value
+            if isinstance(value, ast.Name) and value.id == "runner" or (
+                    isinstance(value, ast.Attribute) and value.attr == "runner"):
+                runner.add(node.attr)
+            elif isinstance(value, ast.Attribute) and value.attr == "input_batch":
+                batch.add(node.attr)
+        for node in ast.walk(mixin[0]) if mixin else ():
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                if isinstance(node.ctx, ast.Store):
+                    own.add(node.attr)
+                else:
+                    runner.add(node.attr)
+    return {name for name in runner - own if not name.startswith("wedlm_")} - {"model"}, batch
+
+
+def test_every_runner_attribute_the_adapter_reads_is_checked():
+    """The runner's instance attributes the adapter reads are checked at start-up
+    (``check_runner_attributes``, which every engine of the suite runs), all of them and no more."""
+    runner, batch = runner_reads()
+    assert len(runner) > 15 and len(batch) > 8  # the modules were read
+    assert runner == set(RUNNER_ATTRIBUTES), (sorted(runner - set(RUNNER_ATTRIBUTES)),
+                                              sorted(set(RUNNER_ATTRIBUTES) - runner))
+    assert batch == set(INPUT_BATCH_ATTRIBUTES), (sorted(batch - set(INPUT_BATCH_ATTRIBUTES)),
+                                                  sorted(set(INPUT_BATCH_ATTRIBUTES) - batch))
+    doc = (ROOT / DOC).read_text()
+    assert "check_runner_attributes" in doc and all(f"`{name}`" in doc for name in RUNNER_ATTRIBUTES)
+
+
+def test_a_missing_runner_attribute_is_named():
+    from types import SimpleNamespace
+
+    class Batch:
+        pass
+
+    batch = Batch()
+    for name in INPUT_BATCH_ATTRIBUTES[1:]:
+        setattr(batch, name, None)
+    runner = SimpleNamespace(**{**dict.fromkeys(RUNNER_ATTRIBUTES[1:]), "input_batch": batch})
+    with pytest.raises(VLLMContractError) as failure:
+        check_runner_attributes(runner)
+    message = str(failure.value)
+    assert f"SimpleNamespace.{RUNNER_ATTRIBUTES[0]}: missing" in message
+    assert f"Batch.{INPUT_BATCH_ATTRIBUTES[0]}: missing" in message and DOC in message
+    setattr(batch, INPUT_BATCH_ATTRIBUTES[0], None)
+    check_runner_attributes(SimpleNamespace(**{**dict.fromkeys(RUNNER_ATTRIBUTES), "input_batch": batch}))

@@ -39,6 +39,7 @@ from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify, plan_of
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
+from vllm_wedlm.adapter.vllm_contract import check_runner_attributes
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable
 from vllm_wedlm.config import WeDLMSettings, max_window_tokens
@@ -89,6 +90,7 @@ class WeDLMRunnerMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        check_runner_attributes(self)  # what the adapter reads of vLLM's runner, by name, at start-up
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         # Custom logits processors (--logits-processors, installed plugins), applied to every row of
         # a step (custom_processors.py); the front end's check misses installed plugins.

@@ -55,9 +55,9 @@ _SCHEDULER = {  # adapter/scheduler.py: WeDLMScheduler(Scheduler)
                             "perf_stats"),  # an AR step's forwards in the diffusion counters
     "shutdown": _override("Scheduler", "self"),
     "_free_request": _override("Scheduler", "self", "request", "delay_free_blocks"),
-    "add_request": _override("Scheduler", "self", "request"),  # the requests decoded AR, kept
+    "add_request": _override("Scheduler", "self", "request"),  # each request's record (protocol.classify)
     "get_grammar_bitmask": _override("Scheduler", "self", "scheduler_output"),
-    "schedule": _override("Scheduler", "self", "throttle_prefills"),  # the adaptive window's AR steps
+    "schedule": _override("Scheduler", "self", "throttle_prefills"),  # AR steps (W 0); the step's plan
 }
 
 _ASYNC_SCHEDULER = {  # WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler): the above, and more
@@ -185,6 +185,24 @@ CONTRACT: dict[str, dict[str, Member]] = {
 LAZY_MODULES = frozenset({"vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu_worker", "vllm.v1.engine.async_llm"})
 
 
+#: Instance attributes of vLLM's V1 model runner (``GPUModelRunner``; the CPU runner's are its) that
+#: the adapter reads or writes: the row layouts through ``runner.``, the runner mixin through ``self.``
+#: (set by ``__init__``; ``model``, set when the model loads, is left to its first use). A class table cannot see them,
+#: so ``check_runner_attributes`` looks for them on the runner once it is built.
+RUNNER_ATTRIBUTES = (
+    "attn_groups", "device", "discard_request_mask", "dtype", "input_batch", "input_ids", "max_model_len",
+    "max_num_reqs", "model_config", "num_computed_tokens", "num_scheduled_tokens", "positions", "query_pos",
+    "query_start_loc", "req_indices", "requests", "scheduler_config", "seq_lens", "use_async_scheduling",
+    "vllm_config",
+)
+#: ... and of the runner's ``InputBatch`` (``runner.input_batch``).
+INPUT_BATCH_ATTRIBUTES = (
+    "block_table", "generators", "logitsprocs", "num_computed_tokens_cpu", "num_reqs", "num_tokens_no_spec",
+    "prev_sampled_token_ids", "req_ids", "req_output_token_ids", "sampling_metadata",
+    "thinking_budget_state_holder", "update_async_output_token_ids",
+)
+
+
 class VLLMContractError(ImportError):
     """The installed vLLM differs from the one the plugin's overrides were written for."""
 
@@ -242,6 +260,22 @@ def _differences(name: str, target: object, members: Mapping[str, Member]) -> li
     return found
 
 
+def check_runner_attributes(runner: object) -> None:
+    """Raise :class:`VLLMContractError` naming every attribute of ``RUNNER_ATTRIBUTES`` that the built
+    runner lacks, and of ``INPUT_BATCH_ATTRIBUTES`` that its input batch lacks (a property is looked
+    up on the class, never run)."""
+
+    def has(obj: object, attr: str) -> bool:
+        return attr in getattr(obj, "__dict__", {}) or hasattr(type(obj), attr)
+
+    differences = [f"{type(runner).__name__}.{attr}: missing" for attr in RUNNER_ATTRIBUTES if not has(runner, attr)]
+    batch = getattr(runner, "input_batch", None)
+    if batch is not None:
+        differences += [f"{type(batch).__name__}.{attr}: missing" for attr in INPUT_BATCH_ATTRIBUTES
+                        if not has(batch, attr)]
+    _raise(differences)
+
+
 def check_vllm_contract(contract: Mapping[str, Mapping[str, Member]] = CONTRACT,
                         targets: Mapping[str, object] | None = None) -> None:
     """Raise :class:`VLLMContractError` naming every entry of ``contract`` that the installed vLLM
@@ -260,6 +294,10 @@ def check_vllm_contract(contract: Mapping[str, Mapping[str, Member]] = CONTRACT,
                 differences.append(f"{path}: cannot be imported ({error})")
                 continue
         differences += _differences(path.rpartition(":")[2] or path, target, members)
+    _raise(differences)
+
+
+def _raise(differences: list[str]) -> None:
     if differences:
         import vllm
 
