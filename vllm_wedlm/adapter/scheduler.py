@@ -55,6 +55,21 @@ LOG_INTERVAL_S = 5.0
 
 
 @dataclass
+class SchedulerRequest:
+    """What the scheduler keeps of one request from its arrival to its end (``_free_request``): its
+    record, and on fixed window rows what the host knows of its window."""
+
+    record: RequestRecord  # (``protocol.classify``)
+    # Fixed rows: its prefill is scheduled to the end, so each of its steps is a window; the leading
+    # run its last finished step returned (what its next window adds to W; None: none yet); and at
+    # most how many slots follow the leading run of the window that step planned (``_span``; None:
+    # its W), kept through a preemption, as the window is. The first two go at a preemption.
+    windowed: bool = False
+    run: int | None = None
+    span: int | None = None
+
+
+@dataclass
 class CommitStats:
     """Counts since the last log line. A request-forward is one request's window in one step."""
 
@@ -90,9 +105,9 @@ class WeDLMScheduler(Scheduler):
         self.commit_stats = CommitStats()
         self.wedlm = WeDLMSettings.from_additional_config(self.vllm_config.additional_config)
         self._mask_id = int(self.vllm_config.model_config.hf_config.mask_token_id)
-        # Every request's record (``protocol.classify``: its kind, knobs, pin), made when it arrives
-        # and forgotten when it is freed (``_free_request``): the one per-request map of its kind.
-        self._records: dict[str, RequestRecord] = {}
+        # Every request's record (``protocol.classify``: its kind, knobs, pin) and what the scheduler
+        # keeps of it, made when it arrives and forgotten when it is freed (``_free_request``).
+        self._states: dict[str, SchedulerRequest] = {}
         self._forwarded: dict[str, int] = {}
         self._forwarded_sizes: dict[str, int] = {}  # req_id -> W of the window forwarded (the log line's)
         # The step being scheduled, for its plan (``_step_plan``): the W of each window it plans and
@@ -126,7 +141,8 @@ class WeDLMScheduler(Scheduler):
         self._timed_step: tuple[int, int | None] | None = None
 
     def add_request(self, request) -> None:
-        record = self._records[request.request_id] = classify(request.sampling_params, self.wedlm)
+        record = classify(request.sampling_params, self.wedlm)
+        self._states[request.request_id] = SchedulerRequest(record)
         if record.pin_error is not None:
             # The front end refused pins this server cannot run (request_validator.py) where it built
             # the engine's config; one that did not (one of several API servers) let this one through.
@@ -137,7 +153,7 @@ class WeDLMScheduler(Scheduler):
         super().add_request(request)
 
     def _decodes_ar(self, request) -> bool:
-        return self._records[request.request_id].kind is RequestKind.AR
+        return self._states[request.request_id].record.kind is RequestKind.AR
 
     def get_grammar_bitmask(self, scheduler_output) -> GrammarOutput | None:
         # vLLM's, for the structured-output requests decoded AR only: the grammar of one decoded in
@@ -235,7 +251,7 @@ class WeDLMScheduler(Scheduler):
                 windowless.add(req_id)
             # A WeDLM request that forwards up to its last token: it draws, or plans a window.
             completes_wedlm = (request.num_computed_tokens + num_tokens >= request.num_tokens
-                               and self._records[req_id].windowed)
+                               and self._states[req_id].record.windowed)
             steps_ar = completes_wedlm and self._ar_step and not request.use_structured_output
             if steps_ar:
                 stepping_ar.append(req_id)
@@ -298,11 +314,11 @@ class WeDLMScheduler(Scheduler):
     def _free_request(self, request, *args, **kwargs):
         if self._sizer is not None:
             self._sizer.forget(request.request_id)  # finished or aborted
-        self._records.pop(request.request_id, None)
+        self._states.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)
 
     def _plain_wedlm(self, request) -> bool:
-        return self._records[request.request_id].kind is RequestKind.PLAIN
+        return self._states[request.request_id].record.kind is RequestKind.PLAIN
 
     def update_from_output(self, scheduler_output, model_runner_output):
         plan = plan_of(scheduler_output)
@@ -503,15 +519,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                                   self.wedlm.async_padding_tokens)
         logger.info("WeDLM: a pipelined step pads windows to 2W rows while they cost at most %d tokens of forward "
                     "beyond %d", self._gate.budget, self._gate.knee)
-        # Requests whose prefill is scheduled to the end: each of their steps is a window.
-        self._windowed: set[str] = set()
-        # (A lossless request's window steps forward Q rows each: its leading run, unverified and
-        # known on the device only, then W slots; each returns its verified run, KV written.)
-        # req_id -> the leading run its last finished step returned (what its next window adds to W).
-        self._runs: dict[str, int] = {}
-        # req_id -> at most how many slots follow the leading run of the window its last finished
-        # step planned (``_span``); kept through a preemption, as the window is.
-        self._spans: dict[str, int] = {}
+        # (What the host knows of each window: ``SchedulerRequest``. A lossless request's window
+        # steps forward Q rows each: its leading run, unverified and known on the device only, then W
+        # slots; each returns its verified run, KV written.)
         # The steps scheduled and not yet back (at most two: vLLM's batch queue), oldest first: each
         # one's plan and the requests whose windows (drafts) it forwards.
         self._in_flight: list[tuple[WeDLMStepPlan, frozenset[str]]] = []
@@ -530,23 +540,19 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         return self._count_returned(request, AsyncScheduler._update_request_with_output(self, request, new_token_ids))
 
     def _lossless(self, req_id: str) -> bool:
-        return self._records[req_id].kind is RequestKind.LOSSLESS
-
-    def _free_request(self, request, *args, **kwargs):
-        self._forget(request.request_id)  # finished or aborted
-        self._spans.pop(request.request_id, None)
-        return super()._free_request(request, *args, **kwargs)
+        return self._states[req_id].record.kind is RequestKind.LOSSLESS
 
     def _forget(self, req_id: str) -> None:
-        self._windowed.discard(req_id)
-        self._runs.pop(req_id, None)
+        """A preempted request prefills again first: not windowed, no run known (its span stays)."""
+        state = self._states[req_id]
+        state.windowed, state.run = False, None
 
     def schedule(self, *args, **kwargs) -> WeDLMSchedulerOutput:
         # Each running window's W and span (``_span``), asked once a step: the gate, its rows and the
         # step's logits rows follow from them.
         shapes = {}
         for request in self.running:
-            if request.request_id in self._windowed:
+            if self._states[request.request_id].windowed:
                 w = self.window_of(request)
                 shapes[request.request_id] = (w, self._span(request, w))
         exact = padding = 0
@@ -556,7 +562,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 exact += max_window_tokens(w)
                 padding += max_window_tokens(w)
             else:
-                exact += w + self._runs.get(req_id, 0)
+                exact += w + (self._states[req_id].run or 0)
                 padding += span + w
                 self._mask_rows = max(self._mask_rows, w, span)
         padded = self._padded = self._gate.pipelines(padding, exact)
@@ -567,7 +573,7 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             # window may be void and fill nothing. Only plain requests that ask for nothing per row
             # (``RequestRecord.zero_eligible``).
             self._zero_ok = {req_id for req_id, (w, span) in shapes.items()
-                             if padded and w <= 1 and span <= 1 and self._records[req_id].zero_eligible}
+                             if padded and w <= 1 and span <= 1 and self._states[req_id].record.zero_eligible}
         held, kept = [], []
         for request in self.running:
             if self._decodes_ar(request):
@@ -624,14 +630,16 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         if lossless:
             rows = max_window_tokens(window_size)
         else:
-            rows = span + window_size if padded else max(window_size + self._runs.get(request.request_id, span), span)
+            run = self._states[request.request_id].run
+            rows = span + window_size if padded else max(window_size + (span if run is None else run), span)
         return None if computed + rows > self.max_model_len else rows
 
     def _span(self, request, window_size: int) -> int:
         """At most how many slots follow the leading run of ``request``'s window: its W
         (``window_size``), unless a wider W before left fills further right (an adaptive window),
         which stay until committed."""
-        return self._spans.get(request.request_id, max(window_size, 1))
+        span = self._states[request.request_id].span
+        return max(window_size, 1) if span is None else span
 
     def _ar_rows(self, request) -> int | None:
         """0 (vLLM schedules an AR request's tokens itself), or None to hold it out of this schedule:
@@ -660,12 +668,12 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
                 if not request.is_prefill_chunk:
                     request.num_output_placeholders += 1  # the token this step draws
             elif request.num_computed_tokens >= request.num_tokens:
-                if req_id not in self._windowed and forwarded.get(req_id) == 0:
+                if not self._states[req_id].windowed and forwarded.get(req_id) == 0:
                     # Re-prefilled after a preemption while its window had W 0: the step draws from its
                     # last row, as that window's forward would have, and returns the draw.
                     request.num_output_placeholders += 1
                     redrawn.append(req_id)
-                self._windowed.add(req_id)
+                self._states[req_id].windowed = True
         self._redrawn_now = tuple(redrawn)
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -693,8 +701,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
             self._planned(req_id, chosen, request, run, spans.get(req_id))
             if req_id not in pipelined:
                 request.num_computed_tokens -= run
-            if req_id in self._windowed:
-                self._runs[req_id] = run
+            state = self._states[req_id]
+            if state.windowed:
+                state.run = run
         for req_id in set(chosen) - set(drafted):
             # a first window, planned after its prompt: no run
             self._planned(req_id, chosen, self.requests.get(req_id), 0)
@@ -714,8 +723,9 @@ class WeDLMFixedRowsScheduler(WeDLMScheduler, AsyncScheduler):
         if req_id in chosen and request and not request.is_finished() and not self._lossless(req_id):
             window_size = chosen[req_id]
             if span is None:
-                span = max(window_size, self._spans.get(req_id, window_size) - run)
-            self._spans[req_id] = max(span, 1)
+                before = self._states[req_id].span
+                span = max(window_size, (window_size if before is None else before) - run)
+            self._states[req_id].span = max(span, 1)
 
 
 def _add_block_ids(scheduler_output, req_id: str, block_ids: tuple[list[int], ...] | None) -> None:
