@@ -140,7 +140,7 @@ class RunnerCounts:
     def execute(self, out, scheduler, in_flight: set[str], windows_in_flight: set[str]):
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-        from vllm_wedlm.adapter.outputs import wedlm_output
+        from vllm_wedlm.adapter.protocol import wedlm_output
 
         for req_id in out.finished_req_ids:
             self.requests.pop(req_id, None)

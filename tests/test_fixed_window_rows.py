@@ -180,7 +180,8 @@ def test_async_output_brings_the_window_spans_with_vllms_output():
     import torch
     from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
-    from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, WeDLMRunnerOutput
+    from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans
+    from vllm_wedlm.adapter.protocol import WeDLMRunnerOutput
 
     inner = ModelRunnerOutput(req_ids=["a", "b", "c"], req_id_to_index={"a": 0, "b": 1, "c": 2},
                               sampled_token_ids=[[5, 6], [], [7]])

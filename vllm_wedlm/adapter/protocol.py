@@ -8,18 +8,19 @@
   travels as one value, in a ``SchedulerOutput`` subclass (``WeDLMSchedulerOutput``) that the
   scheduler returns in place of vLLM's, so the runner reads it from its input and the scheduler
   from the output it is handed back: nothing is set on vLLM's objects, nothing is keyed by ``id()``.
-
-What the runner returns is ``outputs.WeDLMRunnerOutput`` (exact rows) or vLLM's output with the
-windows' spans (fixed rows), each a subclass of vLLM's own.
+* **A step's result** (``WeDLMRunnerOutput``): vLLM's runner output, plus what the scheduler needs
+  of the windows (the next windows and the runs not forwarded yet on exact rows, the windows' spans
+  on fixed rows), pickled to the scheduler with the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits
 from vllm_wedlm.config import WeDLMSettings, decodes_ar
@@ -130,3 +131,29 @@ class WeDLMSchedulerOutput(SchedulerOutput):
 def plan_of(scheduler_output: SchedulerOutput) -> WeDLMStepPlan:
     """The step's plan; ``EMPTY_PLAN`` for an output vLLM made itself (an empty or dummy step)."""
     return scheduler_output.wedlm_plan if isinstance(scheduler_output, WeDLMSchedulerOutput) else EMPTY_PLAN
+
+
+@dataclass
+class WeDLMRunnerOutput(ModelRunnerOutput):
+    """vLLM's runner output plus each request's next window.
+
+    ``sampled_token_ids`` holds the tokens this step decided (possibly none). The next window
+    travels with the output (it is pickled to the scheduler like the rest), and the scheduler
+    schedules it as the request's next draft tokens.
+    """
+
+    # req_id -> next step's draft tokens in physical order (filled slots first, then masks)
+    next_windows: dict[str, list[int]] = field(default_factory=dict)
+    # req_id -> how many of this step's sampled tokens lead the request's next window: decided
+    # (every slot before them filled) but not forwarded yet. vLLM counts every sampled token of a
+    # request with drafts as an accepted draft, whose KV this step wrote; these have none yet.
+    unforwarded: dict[str, int] = field(default_factory=dict)
+    # Fixed window rows, adaptive window: req_id -> how many slots follow the leading run of the
+    # window this step planned for it (its length, less that run), as the device's table holds it.
+    # The scheduler otherwise knows only a bound (every fill a wider window left, kept until committed).
+    window_spans: dict[str, int] = field(default_factory=dict)
+
+
+def wedlm_output(output: ModelRunnerOutput, **wedlm_fields) -> WeDLMRunnerOutput:
+    """vLLM's ``output`` as a ``WeDLMRunnerOutput`` with ``wedlm_fields`` (the others empty)."""
+    return WeDLMRunnerOutput(**{f.name: getattr(output, f.name) for f in fields(output)}, **wedlm_fields)

@@ -34,10 +34,10 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
-from vllm_wedlm.adapter.outputs import WeDLMRunnerOutput
 from vllm_wedlm.adapter.protocol import (
     RequestKind,
     RequestRecord,
+    WeDLMRunnerOutput,
     WeDLMSchedulerOutput,
     WeDLMStepPlan,
     classify,
