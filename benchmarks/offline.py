@@ -138,6 +138,7 @@ class _Measurement:
             plain_steps = {name: {"compiled": 0, "eager": 0} for name in times}  # WeDLM: window step runs
             histograms: dict[str, dict[str, int]] = {}  # an adaptive window's W: windows planned at each
             outputs = {}
+            scores: dict[str, list[float | None]] = {name: [] for name in times}  # each repeat's accuracy
             for repeat in range(self.repeats):
                 for mode, llm, counter in runs:
                     # The W of every window an adaptive engine plans, recorded in the last repeat.
@@ -155,6 +156,8 @@ class _Measurement:
                     else:
                         outputs[mode.name] = llm.generate([p.text for p in batch], params, use_tqdm=False)
                     times[mode.name].append(time.perf_counter() - start)
+                    if structured != "json":  # (a JSON answer states no "The answer is N.": not scored)
+                        scores[mode.name].append(score(batch, [o.outputs[0].text for o in outputs[mode.name]]))
                     if traced:
                         histograms[mode.name] = window_histogram(llm)
                     tokens = sum(len(o.outputs[0].token_ids) for o in outputs[mode.name])
@@ -168,11 +171,12 @@ class _Measurement:
                 self._row(mode, shots, kind, limit, batch_size, batch, outputs[mode.name], times[mode.name],
                           forwards[mode.name] / self.repeats, steps[mode.name], plain_steps[mode.name],
                           engine_scheduling(llm) if mode.decoding == "wedlm" else {}, histograms.get(mode.name),
-                          structured)
+                          structured, scores[mode.name])
 
     def _row(self, mode: Mode, shots: int, kind: str, limit: int, batch_size: int, batch: list[Prompt], outputs,
              times: list[float], forwards: float, steps: dict[str, int], plain_steps: dict[str, int],
-             scheduling: dict[str, str], histogram: dict[str, int] | None = None, structured: str = "none") -> None:
+             scheduling: dict[str, str], histogram: dict[str, int] | None = None, structured: str = "none",
+             scores: list[float | None] = ()) -> None:
         seconds = float(np.median(times))
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         wedlm = mode.decoding == "wedlm"
@@ -185,8 +189,10 @@ class _Measurement:
             "seconds_spread": [round(min(times), 4), round(max(times), 4)], "repeats": self.repeats,
             "output_tok_s": round(tokens / seconds, 2),
             "tokens_per_forward": round(tokens / forwards, 3) if forwards else None,
-            # (A JSON answer states no "The answer is N.": not scored.)
-            "accuracy": None if structured == "json" else score(batch, [o.outputs[0].text for o in outputs]),
+            # The last repeat's, and every repeat's: a plain adaptive window's output follows the load,
+            # so its answers may differ between repeats (AR's and lossless' never do).
+            "accuracy": scores[-1] if scores else None,
+            "accuracy_repeats": list(scores) if scores and scores[0] is not None else None,
             "structured": None if structured == "none" else structured,
         }
         if wedlm:

@@ -88,6 +88,10 @@ def test_offline_harness(model, tmp_path):
     assert len(offline["rows"]) == 6 * 2 * 2
     check_counts(offline["rows"], "batch_size")
     assert {r["accuracy"] is not None for r in offline["rows"]} == {True}  # both kinds are scored
+    for row in offline["rows"]:  # every repeat's, the last one's the row's
+        assert len(row["accuracy_repeats"]) == row["repeats"] and row["accuracy_repeats"][-1] == row["accuracy"]
+        if row["mode"] in ("ar", "lossless:inf", "wedlm-ar"):  # AR's output: the same answers each repeat
+            assert len(set(row["accuracy_repeats"])) == 1, row
     # Each WeDLM row counts its steps of plain windows: compiled where the engine compiles (a GPU
     # without --enforce-eager), else eager.
     ran, never = ("compiled", "eager") if on_gpu() else ("eager", "compiled")
