@@ -19,6 +19,12 @@ def register_all() -> None:
     global _done
     if _done:
         return
+    if not has_v1_model_runner():  # vLLM 0.34 and later: Model Runner V2 only
+        from vllm_wedlm.v2.registration import register
+
+        register()
+        _done = True
+        return
     register_config_class()
     register_model()
     register_config_hook()
@@ -27,6 +33,15 @@ def register_all() -> None:
 
     install_cli_flags()
     _done = True
+
+
+def has_v1_model_runner() -> bool:
+    """Whether the installed vLLM has the V1 model runner the adapter overrides (vLLM 0.26.0, the
+    pinned one); vLLM 0.34 removed it, and the plugin then registers its V2 binding (``vllm_wedlm.v2``,
+    not served yet: docs/vllm-upgrade.md). Looked up without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None
 
 
 def register_config_class() -> None:

@@ -16,7 +16,6 @@ from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference.decoder import ReferenceDecoder, StopRule
 from vllm_wedlm.training.data.tasks import chat_prompt
 from vllm_wedlm.v2.model_state import WeDLMModelState
-from vllm_wedlm.v2.registration import register
 
 W = 16
 STOP = sorted(json.loads((MICRO_CHECKPOINT / "generation_config.json").read_text())["eos_token_id"])
@@ -26,8 +25,7 @@ MAX_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def outputs(monkeypatch_module) -> dict[str, object]:
-    cpu_engine.install()
-    register()  # before the plugin's entry point registers the V1 adapter's model class
+    cpu_engine.install()  # (the V2 binding: registered by the plugin's entry point, as vLLM loads plugins)
     forwards = []
     prepare = WeDLMModelState.prepare_inputs
 
@@ -63,3 +61,16 @@ def test_the_real_engine_decodes_windows_as_the_reference(outputs):
         tokens += len(expected.token_ids)
     windows = sum(outputs["forwards"])  # request-forwards with a window
     assert 0 < windows < tokens / 4, (windows, tokens)  # several tokens committed per window forward
+
+
+def test_the_plugin_entry_point_registers_the_v2_binding_on_this_vllm(outputs):
+    """vLLM 0.34 has no V1 model runner: the plugin's entry point (which vLLM ran for the engine above)
+    registered the V2 binding's model class, not the V1 adapter's."""
+    from vllm import ModelRegistry
+
+    from vllm_wedlm.models.configuration_wedlm import ARCHITECTURE
+    from vllm_wedlm.plugin import has_v1_model_runner
+    from vllm_wedlm.v2.model import WeDLMForCausalLM
+
+    assert not has_v1_model_runner()
+    assert ModelRegistry._try_load_model_cls(ARCHITECTURE) is WeDLMForCausalLM

@@ -1,7 +1,8 @@
 """What the plugin registers with vLLM 0.34 for the V2 binding: WeDLM's config type and its model.
 
-(The V1 adapter's registration, ``vllm_wedlm.plugin``, also installs its config hook and command
-line flags; their V2 forms come with the next slices.)
+The plugin's entry point (``vllm_wedlm.plugin.register_all``) calls ``register`` where vLLM has no V1
+model runner. (On vLLM 0.26 it also installs the V1 adapter's config hook and command line flags;
+their V2 forms come with the next slices.)
 """
 
 from __future__ import annotations
