@@ -42,7 +42,7 @@ class WeDLMConfigHook(VerifyAndUpdateConfig):
             configure_wedlm_mode(vllm_config, settings)
 
 
-#: The most sequences a WeDLM engine runs on CUDA (see ``configure_wedlm_mode``).
+#: The most sequences a WeDLM engine runs on CUDA (see ``_fit_windows``).
 MAX_CUDA_SEQS = 512
 
 
@@ -51,6 +51,17 @@ def _refuse(reason: str) -> None:
 
 
 def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> None:
+    """Check that WeDLM mode can run with ``vllm_config``, then set vLLM's fields for it: worker,
+    request validator, scheduling and scheduler, and a token budget every window fits."""
+    platform = _supported_platform(vllm_config)
+    custom = _install_request_validator(vllm_config, settings)
+    settings = _choose_scheduling(vllm_config, settings, platform, custom)
+    _fit_windows(vllm_config, settings, platform)
+    _log_settings(settings)
+
+
+def _supported_platform(vllm_config: VllmConfig) -> str:
+    """"cuda" or "cpu", once the model and settings are ones WeDLM mode runs; installs its worker."""
     from vllm.platforms import current_platform
 
     hf_config = vllm_config.model_config.hf_config
@@ -72,8 +83,12 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     if parallel.worker_cls not in ("auto", WORKER_CLS[platform]):
         _refuse(f"a custom worker ({parallel.worker_cls}) cannot be combined with it")
     parallel.worker_cls = WORKER_CLS[platform]
+    return platform
 
-    # Per-request validation in the front end (a 400 for unsupported requests, see the module).
+
+def _install_request_validator(vllm_config: VllmConfig, settings: WeDLMSettings) -> list[str]:
+    """Per-request validation in the front end (a 400 for unsupported requests, request_validator.py),
+    against ``settings``; returns the custom logits processors the engine was given besides it."""
     from vllm_wedlm.adapter.request_validator import QUALNAME as qualname
     from vllm_wedlm.adapter.request_validator import serve
 
@@ -89,18 +104,25 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     # other engines of the same process keep vLLM's own choice.
     if vllm_config.use_v2_model_runner:
         _refuse("vLLM chose its V2 model runner; the plugin drives the V1 runner")
+    return custom
 
+
+def _choose_scheduling(vllm_config: VllmConfig, settings: WeDLMSettings, platform: str,
+                       custom: list[str]) -> WeDLMSettings:
+    """Async or synchronous scheduling, the row layout that goes with it and its scheduler class; the
+    settings with that layout.
+
+    Async scheduling schedules a step before the previous one's result is back, so windows must
+    not need it on the host: they are laid out from the runner's device table (fixed window
+    rows, FIXED_ROWS_KEY). On CUDA that is the default, as async scheduling is vLLM's default
+    for AR, except for a model too small for its forward to hide the host's work, which runs
+    faster synchronously (async_gate.default_async_scheduling, measured). --async-scheduling and
+    --no-async-scheduling (True / False here; no flag is None, which vLLM resolves after this
+    hook, to on unless its executor cannot) decide for themselves. Fixed window rows also run
+    right if vLLM then schedules synchronously. Otherwise each window forwards exactly its own
+    rows, known on the host. vLLM's CPU platform never schedules async; fixed window rows can be
+    asked for there (additional_config) to test them."""
     scheduler = vllm_config.scheduler_config
-    # Async scheduling schedules a step before the previous one's result is back, so windows must
-    # not need it on the host: they are laid out from the runner's device table (fixed window
-    # rows, FIXED_ROWS_KEY). On CUDA that is the default, as async scheduling is vLLM's default
-    # for AR, except for a model too small for its forward to hide the host's work, which runs
-    # faster synchronously (async_gate.default_async_scheduling, measured). --async-scheduling and
-    # --no-async-scheduling (True / False here; no flag is None, which vLLM resolves after this
-    # hook, to on unless its executor cannot) decide for themselves. Fixed window rows also run
-    # right if vLLM then schedules synchronously. Otherwise each window forwards exactly its own
-    # rows, known on the host. vLLM's CPU platform never schedules async; fixed window rows can be
-    # asked for there (additional_config) to test them.
     if platform == "cuda":
         if custom and scheduler.async_scheduling is None:
             # Custom logits processors need each window row's context on the host (custom_processors.py).
@@ -124,7 +146,13 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
     if settings.fixed_window_rows:
         # Cascade attention plans from the host's token counts, which only bound a window's start.
         vllm_config.model_config.disable_cascade_attn = True
-    # Every running request's window must fit one step's token budget.
+    return settings
+
+
+def _fit_windows(vllm_config: VllmConfig, settings: WeDLMSettings, platform: str) -> None:
+    """Every running request's window within one step's token budget (``max_num_seqs``), and on CUDA
+    the graphs captured for the steps that budget allows."""
+    scheduler = vllm_config.scheduler_config
     window_tokens = max_window_tokens(settings.window_size)
     max_seqs = scheduler.max_num_batched_tokens // window_tokens
     if max_seqs < 1:
@@ -144,6 +172,9 @@ def configure_wedlm_mode(vllm_config: VllmConfig, settings: WeDLMSettings) -> No
         scheduler.max_num_seqs = MAX_CUDA_SEQS
     if platform == "cuda":
         configure_cuda_graphs(vllm_config, scheduler.max_num_seqs * window_tokens)
+
+
+def _log_settings(settings: WeDLMSettings) -> None:
     adaptive = ""
     if settings.adaptive_window:
         knee = "the model's" if settings.window_tokens is None else str(settings.window_tokens)
