@@ -179,13 +179,57 @@ class ExactRows(RowLayout):
     def sample(self, logits: torch.Tensor | None) -> SamplerOutput:
         """Run ``core`` on the step's logits rows (entropy, selection, sampling, commit, refill), plan
         every next window, and copy what the host needs in one device-to-host copy."""
-        runner = self.runner
         step, table = self.step, self.table
         host = table.host
-        num_reqs = len(step.req_ids)
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         if not (step.window.any() or new.any() or resumed.any() or step.first_token.any()):
             return self.sample_draws(logits, states)
+        raw_logits, logits, grammar, verified_grammar, masked = self._edited_rows(logits, states)
+
+        # The windows forwarded now: this forward wrote the KV of each one's leading run (a
+        # lossless window's first run of accepted fills, known below), which the next plan drops.
+        w_slots = step.slots[step.window]
+        lossless_runs = host.input_ids[w_slots[step.lossless[step.window]]]  # [Bl, C]: before the table moves on
+        self.runner.wedlm_request_forwards += len(w_slots)
+
+        # A plain window's leading run went back to vLLM as output before its forward, so the
+        # re-prefill covered it: such a window resumes one run later, with the same other slots.
+        moved = resumed & ~step.lossless
+        expected_len = host.committed_len[step.slots] + np.where(moved, host.num_commit[step.slots], 0)
+        for row in np.flatnonzero(resumed & (expected_len != step.committed_len)):
+            raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
+                               f"tokens, but its window starts after {expected_len[row]}")
+        self.trace(step.req_ids, np.flatnonzero(step.window | new), step.window_sizes)
+        num_rows = int(step.num_logits.sum())
+        verified_commit = step.num_checks[step.window].any()  # a lossless window's run is verified on the device
+        # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
+        plain = bool((len(w_slots) or new.any() or moved.any()) and num_rows and step.window.all()
+                     and not verified_commit and not masked.any())
+        row_kind = None if plain else self.row_kinds(step)
+        wants_logprobs = any(state.logprobs for state in states)  # then every row's draw is needed here
+        tokens = None  # [N]; in a plain step of greedy rows the window step draws them itself
+        if num_rows:
+            sampling = self.sampling_batch(step.num_logits, step.num_ar_rows)
+            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None and not wants_logprobs):
+                tokens = sample(logits, sampling, self.mask_id)
+        commit, ar_tokens, plan_slots, sizes = self._plan_next_windows(logits, tokens, row_kind, new, moved, masked,
+                                                                        plain, verified_commit)
+        if grammar.any():
+            self.cut_rejected_fills(np.flatnonzero(grammar), plan_slots, sizes)
+        sampled, early, run_len = self._returned_tokens(states, new, resumed, commit, lossless_runs, ar_tokens,
+                                                        verified_grammar)
+        logprobs = None
+        if wants_logprobs:
+            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, commit, early, run_len)
+        # On the host: vLLM's bookkeeping reads it there (no device round trip).
+        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
+
+    def _edited_rows(self, logits: torch.Tensor | None, states: list) -> tuple:
+        """The step's logits rows after the grammars' masks (in place: the raw rows log-probs read,
+        vLLM's default) and after each request's edits and the thinking budget (a float32 copy):
+        (raw rows, edited rows, and [B] bool: plain windows with a grammar, lossless ones with a grammar,
+        plain windows whose first slot the grammar masks)."""
+        step = self.step
         if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
             first_row = first_logits_rows(step)
             apply_grammar(logits, self.grammar_output,
@@ -196,46 +240,31 @@ class ExactRows(RowLayout):
             self.mask_first_slots(logits, np.flatnonzero(masked & (step.num_logits > step.num_checks)))
         if logits is not None and (verified_grammar.any() or first_grammar.any()):
             self.mask_ar_rows(logits, verified_grammar, first_grammar)
-        raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
+        raw_logits = logits  # [N, V]
         if logits is not None:  # rows grouped by request, step.num_logits each
-            logits = self.edited(logits, states, np.repeat(np.arange(num_reqs), step.num_logits))
+            logits = self.edited(logits, states, np.repeat(np.arange(len(step.req_ids)), step.num_logits))
         logits = self.end_thinking(logits, lambda: first_logits_rows(step)[step.ar_next])
+        return raw_logits, logits, grammar, verified_grammar, masked
 
-        # The windows forwarded now: this forward wrote the KV of each one's leading run (a
-        # lossless window's first run of accepted fills, known below), which the next plan drops.
+    def _plan_next_windows(self, logits: torch.Tensor | None, tokens: torch.Tensor | None, row_kind: np.ndarray | None,
+                           new: np.ndarray, moved: np.ndarray, masked: np.ndarray, plain: bool,
+                           verified_commit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Finish the windows forwarded now and plan every next window into the table: theirs, the
+        first windows of the ``new`` requests ([B] bool) and the ``moved`` ones (re-prefilled after a
+        preemption), on the device, then the step's one device-to-host copy. Returns each forwarded
+        window's committed run ([Bw]), the AR draws ([Ba]), and the slots and W of the windows planned."""
+        step, table = self.step, self.table
+        host = table.host
         w_slots = step.slots[step.window]
         w_checks = step.num_checks[step.window]  # [Bw], > 0 for lossless windows
         lead = host.num_commit[w_slots]  # [Bw]
-        lossless_runs = host.input_ids[w_slots[step.lossless[step.window]]]  # [Bl, C]: before the table moves on
         start_len = host.committed_len[w_slots]  # [Bw]
-        runner.wedlm_request_forwards += len(w_slots)
-
-        # A plain window's leading run went back to vLLM as output before its forward, so the
-        # re-prefill covered it: such a window resumes one run later, with the same other slots.
-        moved = resumed & ~step.lossless
-        expected_len = host.committed_len[step.slots] + np.where(moved, host.num_commit[step.slots], 0)
-        for row in np.flatnonzero(resumed & (expected_len != step.committed_len)):
-            raise RuntimeError(f"WeDLM request {step.req_ids[row]}: re-prefilled {step.committed_len[row]} "
-                               f"tokens, but its window starts after {expected_len[row]}")
         plan_slots = np.concatenate([w_slots, step.slots[new], step.slots[moved]])  # [P]
         num_planned = len(w_slots) + int(new.sum())  # windows planned afresh (not moved)
-        self.trace(step.req_ids, np.flatnonzero(step.window | new), step.window_sizes)
         # W of each window planned now; a moved one keeps its own slots (as before the preemption).
         sizes = np.concatenate([step.window_sizes[step.window], step.window_sizes[new],
                                 host.length[step.slots[moved]] - host.num_commit[step.slots[moved]]])  # [P]
-        num_rows = int(step.num_logits.sum())
-        verified_commit = w_checks.any()
-        # Every row is a plain window's mask row: the step's fixed device work (compiled on a GPU).
-        plain = bool(len(plan_slots) and num_rows and step.window.all() and not verified_commit and not masked.any())
-        row_kind = None if plain else self.row_kinds(step)
-
         device_out = []
-        tokens = None  # [N]; in a plain step of greedy rows the window step draws them itself
-        wants_logprobs = any(state.logprobs for state in states)  # then every row's draw is needed here
-        if num_rows:
-            sampling = self.sampling_batch(step.num_logits, step.num_ar_rows)
-            if not (plain and sampling.temperature is None and sampling.ban_mask_token is None and not wants_logprobs):
-                tokens = sample(logits, sampling, self.mask_id)
         if len(plan_slots):
             # Tokens before each next window: a window's start moves by its committed run, which the
             # host knows (its leading run) unless the window is lossless (verified on the device).
@@ -243,7 +272,7 @@ class ExactRows(RowLayout):
                                      step.committed_len[moved]])  # [P]
             slots_dev, committed_len, sizes_dev = plan_rows(plan_slots, starts, self.device, sizes)  # [P] each
         if plain:
-            runner.wedlm_window_step_runs["steps"] += 1
+            self.runner.wedlm_window_step_runs["steps"] += 1
             *following, packet = self.window_step(
                 table.windows, slots_dev, logits, tokens, table.entropy_threshold, table.pos_penalty, committed_len,
                 sizes_dev, self.max_model_len, self.mask_id)
@@ -295,12 +324,18 @@ class ExactRows(RowLayout):
         if len(plan_slots):
             table.receive(plan_slots, received[:packet_size].reshape(len(plan_slots), -1),
                           np.concatenate([start_len + commit, step.committed_len[new], step.committed_len[moved]]))
-        ar_tokens = received[packet_size:]
-        if grammar.any():
-            self.cut_rejected_fills(np.flatnonzero(grammar), plan_slots, sizes)
+        return commit, received[packet_size:], plan_slots, sizes
 
-        # The step's sampled tokens: a plain window's next leading run (decided now, forwarded
-        # next step), a lossless window's verified run (forwarded now), an AR request's draw.
+    def _returned_tokens(self, states: list, new: np.ndarray, resumed: np.ndarray, commit: np.ndarray,
+                         lossless_runs: np.ndarray, ar_tokens: np.ndarray,
+                         verified_grammar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The step's sampled tokens ([B, width], -1 after each request's): a plain window's next
+        leading run (decided now, forwarded next step), a lossless window's verified run (forwarded
+        now: ``commit``, of ``lossless_runs``), an AR request's draw (``ar_tokens``); and for the
+        scheduler each next window and each run not forwarded yet. Returns (sampled, [B] bool: plain
+        windows that return a run from their next plan, [B] that run's length)."""
+        step, host = self.step, self.table.host
+        num_reqs = len(step.req_ids)
         planned_rows = step.window | new | resumed
         early = planned_rows & ~step.lossless
         run_len = np.zeros(num_reqs, np.int64)  # [B]
@@ -323,12 +358,8 @@ class ExactRows(RowLayout):
             next_windows[step.req_ids[row]] = host.input_ids[slot, run_len[row]: host.length[slot]].tolist()
         self.next_windows = next_windows
         self.unforwarded = {step.req_ids[row]: int(run_len[row])
-                                   for row in np.flatnonzero(step.window & (run_len > 0))}
-        logprobs = None
-        if wants_logprobs:
-            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, commit, early, run_len)
-        # On the host: vLLM's bookkeeping reads it there (no device round trip).
-        return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
+                            for row in np.flatnonzero(step.window & (run_len > 0))}
+        return sampled, early, run_len
 
     def sample_draws(self, logits: torch.Tensor | None, states: list) -> SamplerOutput:
         """``sample`` of a step without windows: each AR-decoded request that forwarded all its tokens
