@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
@@ -124,8 +124,7 @@ class WeDLMSchedulerOutput(SchedulerOutput):
     @classmethod
     def of(cls, scheduler_output: SchedulerOutput, plan: WeDLMStepPlan) -> WeDLMSchedulerOutput:
         """``scheduler_output``'s fields (the same objects, shared) with ``plan``."""
-        values = {f.name: getattr(scheduler_output, f.name) for f in dataclasses.fields(SchedulerOutput)}
-        return cls(**values, wedlm_plan=plan)
+        return _extended(cls, SchedulerOutput, scheduler_output, wedlm_plan=plan)
 
 
 def plan_of(scheduler_output: SchedulerOutput) -> WeDLMStepPlan:
@@ -156,4 +155,10 @@ class WeDLMRunnerOutput(ModelRunnerOutput):
 
 def wedlm_output(output: ModelRunnerOutput, **wedlm_fields) -> WeDLMRunnerOutput:
     """vLLM's ``output`` as a ``WeDLMRunnerOutput`` with ``wedlm_fields`` (the others empty)."""
-    return WeDLMRunnerOutput(**{f.name: getattr(output, f.name) for f in fields(output)}, **wedlm_fields)
+    return _extended(WeDLMRunnerOutput, type(output), output, **wedlm_fields)
+
+
+def _extended(cls: type, base: type, obj: object, **extra):
+    """A ``cls`` (a dataclass extending ``base``) holding ``obj``'s ``base`` fields (the same objects)
+    and ``extra``."""
+    return cls(**{f.name: getattr(obj, f.name) for f in dataclasses.fields(base)}, **extra)

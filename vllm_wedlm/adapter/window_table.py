@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vllm_wedlm.core.batch import BatchPlan, WindowBatch
-from vllm_wedlm.core.params import WeDLMParams, selection_tensors
+from vllm_wedlm.core.params import WeDLMParams, selection_values
 
 
 @dataclass
@@ -77,11 +77,9 @@ class WindowTable:
         return self._free.pop()
 
     def set_params(self, slot: int, params: WeDLMParams) -> None:
-        # Made on the host and written as scalars: a tensor made on the device from Python numbers
-        # is a copy the host waits for, behind the step in flight (two per request that starts).
-        tau, lam = selection_tensors([params])
-        self.entropy_threshold[slot] = tau.item()
-        self.pos_penalty[slot] = lam.item()
+        # Written as scalars: a tensor made on the device from Python numbers is a copy the host
+        # waits for, behind the step in flight (two per request that starts).
+        self.entropy_threshold[slot], self.pos_penalty[slot] = selection_values(params)
 
     def release(self, slot: int) -> None:
         self._free.append(slot)

@@ -58,11 +58,16 @@ def validate_window_tokens(window_tokens: object) -> int:
     return window_tokens
 
 
+def selection_values(params: WeDLMParams) -> tuple[float, float]:
+    """One request's entropy threshold (-inf for None: nothing is below it, so the lowest mask is
+    filled alone) and position penalty, as ``batch.finish_windows`` reads them."""
+    return float("-inf") if params.entropy_threshold is None else params.entropy_threshold, params.pos_penalty
+
+
 def selection_tensors(params: list[WeDLMParams],
                       device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """[B] float32 entropy thresholds (-inf for None: nothing is below it, so the lowest mask is
-    filled alone) and [B] float32 position penalties of ``params``, for ``batch.finish_windows``."""
-    tau = [float("-inf") if p.entropy_threshold is None else p.entropy_threshold for p in params]
-    lam = [p.pos_penalty for p in params]
+    """[B] float32 entropy thresholds and [B] float32 position penalties of ``params``
+    (``selection_values``), for ``batch.finish_windows``."""
+    tau, lam = zip(*map(selection_values, params), strict=True) if params else ((), ())
     return (torch.tensor(tau, dtype=torch.float32, device=device),
             torch.tensor(lam, dtype=torch.float32, device=device))

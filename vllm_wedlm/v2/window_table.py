@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_wedlm.core.batch import BatchPlan, WindowBatch
-from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams, selection_tensors
+from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams, selection_values
 
 
 def canvas_width(window_size: int) -> int:
@@ -46,7 +46,7 @@ class WindowTable:
         # [max_num_reqs] int64: each slot's W (its request's canvas of 2 W rows; a narrower one, fewer).
         self.window_size_of = torch.full((max_num_reqs,), window_size, dtype=torch.long, device=device)
         # [max_num_reqs] float32: each slot's entropy threshold (-inf: one fill a step) and position
-        # penalty (``selection_tensors``), its request's knobs.
+        # penalty (``selection_values``), its request's knobs.
         self.entropy_threshold = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.pos_penalty = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.slot_of: dict[str, int] = {}
@@ -71,9 +71,7 @@ class WindowTable:
         self.windows.store(torch.tensor([slot], device=self.device), window)
         self.committed[slot] = num_tokens
         self.window_size_of[slot] = self.window_size if window_size is None else window_size
-        tau, lam = selection_tensors([params])  # (on the host: written as scalars, no copy to wait for)
-        self.entropy_threshold[slot] = tau.item()
-        self.pos_penalty[slot] = lam.item()
+        self.entropy_threshold[slot], self.pos_penalty[slot] = selection_values(params)  # (scalars: no copy)
         self.slot_of[req_id] = slot
 
     def remove(self, req_id: str) -> None:
