@@ -24,6 +24,7 @@ from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.protocol import wedlm_output
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.token_logprobs import DrawRows
 from vllm_wedlm.adapter.window_step import plan_rows
 from vllm_wedlm.adapter.window_table import packet_width
 from vllm_wedlm.core.batch import (
@@ -220,7 +221,7 @@ class ExactRows(RowLayout):
                                                         verified_grammar)
         logprobs = None
         if wants_logprobs:
-            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, commit, early, run_len)
+            logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, early, run_len)
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
@@ -388,71 +389,42 @@ class ExactRows(RowLayout):
         self.next_windows, self.unforwarded = {}, {}
         logprobs = None
         if any(state.logprobs for state in states):  # as the general path: also in a step of prefill chunks alone
-            logprobs = self.returned_logprobs(raw_logits, tokens, np.full(len(rows), AR_NEXT_ROW, np.int8), states,
-                                              sampled, np.zeros(0, np.int64), np.zeros_like(draws),
-                                              np.zeros(len(draws), np.int64))
+            drawn = DrawRows.draws_only(rows, np.arange(len(rows)), tokens)
+            logprobs = self.token_logprobs.returned(raw_logits, self.on_device(sampled), drawn, step.slots,
+                                                    step.first_token, states)
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, tokens: torch.Tensor | None,
-                          row_kind: np.ndarray | None, states: list, sampled: np.ndarray, commit: np.ndarray,
-                          early: np.ndarray, run_len: np.ndarray) -> LogprobsTensors:
-        """The log-probs of every returned cell ([B * width] entries, host), for the requests that ask
-        (``token_logprobs.py``): a lossless window's committed run (``commit`` [Bw]) reads its kept
-        slot-0 entry, then its verification rows; an AR-decoded request's token its last row; a plain
-        window's run (``early`` [B] bool, ``run_len`` [B] tokens, returned from its next plan) its ring
-        of fills, written first from this step's mask rows. The token each lossless window and each
-        new lossless request put in slot 0 now is kept."""
-        step, table = self.step, self.table
-        width = sampled.shape[1]
+                          row_kind: np.ndarray | None, states: list, sampled: np.ndarray, early: np.ndarray,
+                          run_len: np.ndarray) -> LogprobsTensors:
+        """Where the step's returned tokens were drawn, for the log-prob stage (``token_logprobs.py``):
+        a lossless window's checks are its first logits rows; an AR draw or a new lossless request's
+        first token is its request's one row; a plain window's run (``early`` [B] bool, ``run_len``
+        [B] tokens, returned from its next plan) reads its ring, which this step's mask rows write
+        first, at their own positions."""
+        step = self.step
         num_rows = 0 if tokens is None else len(tokens)
         if row_kind is None:  # a plain step: every row is a mask row
             row_kind = np.full(num_rows, MASK_ROW, np.int8)
         first_row = first_logits_rows(step)  # [B]
-        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
-        plain = early & wants  # [B]: plain windows that return a run now (or later) and ask
-        capacity = table.capacity if plain.any() else 0
-        if num_rows:
-            row_requests = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
-            rows = self.token_logprobs.entries(raw_logits, tokens, self.chosen_ids(states, row_requests))
-        else:  # no row this step (a step of re-prefills): a resumed plain run reads its ring alone
-            rows = self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size())
-        if capacity and num_rows:
-            # This step's mask rows of plain windows that ask, at their absolute positions.
-            request = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
-            mask_rows = np.flatnonzero((row_kind == MASK_ROW) & plain[request])
-            positions = self.step_positions[self.logits_indices][mask_rows]
-            ring = step.slots[request[mask_rows]] * capacity + positions % capacity
-            self.token_logprobs.write_fills(rows, torch.from_numpy(mask_rows).to(self.device, non_blocking=True),
-                                            torch.from_numpy(ring).to(self.device, non_blocking=True), table.num_slots,
-                                            capacity)
-        bank = self.token_logprobs.bank(rows, table.num_slots, capacity)
-        source = np.zeros((len(states), width), np.int64)  # [B, width]: each cell's bank entry
-        kept_slots, kept_rows = [], []
-        lossless = step.window & step.lossless & wants  # [B]
-        run = np.zeros(len(states), np.int64)
-        run[step.window] = commit
-        for i in np.flatnonzero(lossless):
-            source[i, 0] = num_rows + step.slots[i]
-            source[i, 1: run[i]] = first_row[i] + np.arange(run[i] - 1)
-            kept_slots.append(step.slots[i])
-            kept_rows.append(first_row[i] + run[i] - 1)  # the row that drew the token after the run
-        rings = num_rows + table.num_slots
-        for i in np.flatnonzero(plain & (run_len > 0)):
-            # The run's tokens sit at the next window's first positions.
-            positions = table.host.committed_len[step.slots[i]] + np.arange(run_len[i])
-            source[i, : run_len[i]] = rings + step.slots[i] * capacity + positions % capacity
-        if num_rows:
-            ar_rows = np.flatnonzero(row_kind == AR_NEXT_ROW)  # one per AR-decoded request, in batch order
-            source[step.ar_next, 0] = ar_rows
-            first = np.flatnonzero(row_kind == FIRST_TOKEN_ROW)  # one per new lossless request, in batch order
-            chosen = wants[step.first_token]
-            kept_slots.extend(step.slots[step.first_token][chosen])
-            kept_rows.extend(first[chosen])
-        cells = self.token_logprobs.cells(bank, torch.from_numpy(source).to(self.device, non_blocking=True))
-        if kept_slots:
-            self.token_logprobs.keep(bank, torch.tensor(kept_slots, device=self.device),
-                                     torch.tensor(kept_rows, device=self.device))
-        return cells
+        request = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
+        asks = np.fromiter((state.logprobs for state in states), bool, len(states)) & early  # [B]
+        mask_rows = np.flatnonzero((row_kind == MASK_ROW) & asks[request])  # [m]
+        if len(mask_rows):
+            index = torch.from_numpy(mask_rows).to(self.device, non_blocking=True)
+            positions = self.step_positions[self.logits_indices][mask_rows]  # [m] the slot each row may fill
+            self.token_logprobs.fill_rings(raw_logits, tokens[index], index,
+                                           self.on_device(step.slots[request[mask_rows]]), self.on_device(positions),
+                                           states, request[mask_rows])
+        lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
+        draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: one row each (their first)
+        draw_rows = first_row[draws]
+        plain = np.flatnonzero(early & (run_len > 0))  # [Bp]
+        drawn = DrawRows(lossless, first_row[lossless], draws, draw_rows,
+                         tokens[self.on_device(draw_rows)] if len(draws) else None, plain,
+                         self.on_device(self.table.host.committed_len[step.slots[plain]]))
+        return self.token_logprobs.returned(raw_logits, self.on_device(sampled), drawn, step.slots, step.first_token,
+                                            states)
 
     def mask_first_slots(self, logits: torch.Tensor, rows: np.ndarray) -> None:
         """Mask the logits row of the first undecided slot of each window at ``rows`` ([G], batch rows,

@@ -29,6 +29,7 @@ from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
 from vllm_wedlm.adapter.protocol import plan_of
 from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.token_logprobs import DrawRows
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
@@ -354,8 +355,7 @@ class FixedRows(RowLayout):
             self.follow_grammars(sampled, grammar, verified_grammar)
         logprobs = None
         if wants.any():
-            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, wants, rows_per_window, new | resumed,
-                                              states)
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, rows_per_window, new | resumed, states)
         self.spans = None
         if self.settings.adaptive_window:
             # The spans of the plain windows the window step planned; a window of W 0 plans its next
@@ -508,83 +508,38 @@ class FixedRows(RowLayout):
 
     def write_fills(self, raw_logits: torch.Tensor, tokens: torch.Tensor, plain_logprobs: np.ndarray,
                     rows_per_window: int, states: list) -> None:
-        """Before the window step: the log-prob entry of every mask row of the forwarded plain windows
-        that ask (``plain_logprobs`` [Bw] bool), from its raw logits ([Bw * R, V]) and draw
-        ([Bw * R]), to its request's ring at the position of the slot it may fill
-        (``token_logprobs.py``); the window step maps rows to slots the same way. Rows that are no
-        mask of a window that fills (a void window's, a filled slot's, one past the window's end)
-        write to the sink, with no host sync."""
-        table, capacity = self.table, self.table.capacity
+        """Before the window step: where each row of the forwarded windows ([Bw * R] raw logits rows,
+        drawing ``tokens``) may fill a slot of a plain window that asks (``plain_logprobs`` [Bw]
+        bool), for the log-prob stage's rings (``token_logprobs.py``); the window step maps rows to
+        slots the same way. A row that is no mask of a window that fills (a void window's, a filled
+        slot's, one past the window's end) fills nothing, with no host sync."""
+        capacity = self.table.capacity
         w_slots, run, start, rows, _, _ = self.forwarded
-        planned, order = table.windows.rows(w_slots), table.order[w_slots]  # [Bw, C], before the step
+        planned, order = self.table.windows.rows(w_slots), self.table.order[w_slots]  # [Bw, C], before the step
         physical = run[:, None] + torch.arange(rows_per_window, device=self.device)[None]  # [Bw, R]
         slot = order.gather(1, physical.clamp(max=capacity - 1))  # [Bw, R] the window slot of each row
-        asks = torch.from_numpy(plain_logprobs).to(self.device, non_blocking=True)
-        writes = (asks[:, None] & (physical < planned.length[:, None]) & (planned.length <= rows)[:, None]
-                  & ~planned.filled.gather(1, slot))  # [Bw, R]
-        ring = w_slots[:, None] * capacity + (start[:, None] + slot) % capacity
-        sink = table.num_slots * capacity
-        entries = self.token_logprobs.entries(
-            raw_logits, tokens, self.chosen_ids(states, np.repeat(np.flatnonzero(self.step.window), rows_per_window)))
-        self.token_logprobs.write_fills(entries, torch.arange(len(tokens), device=self.device),
-                                        torch.where(writes, ring, sink).flatten(), table.num_slots, capacity)
+        writes = (self.on_device(plain_logprobs)[:, None] & (physical < planned.length[:, None])
+                  & (planned.length <= rows)[:, None] & ~planned.filled.gather(1, slot))  # [Bw, R]
+        positions = torch.where(writes, start[:, None] + slot, -1)
+        self.token_logprobs.fill_rings(raw_logits, tokens, None, w_slots[:, None].expand_as(slot).flatten(),
+                                       positions.flatten(), states,
+                                       np.repeat(np.flatnonzero(self.step.window), rows_per_window))
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: torch.Tensor | None,
-                          wants: np.ndarray, rows_per_window: int, planned: np.ndarray,
-                          states: list) -> LogprobsTensors:
-        """The log-probs of every returned cell (``sampled`` [B, width], device), for the requests that
-        ask (``wants`` [B] bool; ``token_logprobs.py``), with no host sync: cell c > 0 of a lossless window is the token
-        its verification row c - 1 drew, cell 0 its kept slot-0 entry; an AR-decoded request's cell 0
-        its draw (``drawn``, the draws' rows in batch order); a plain window's run (one forwarded now,
-        or planned after a prompt: ``planned`` [B]), at the start of its next window, its ring of fills
-        (``write_fills``). The new slot-0 token of each lossless
-        window (its table row's, drawn by the row after its run) and of each new lossless request is kept."""
-        step, device, table = self.step, self.device, self.table
-        width = sampled.shape[1]
+                          rows_per_window: int, planned: np.ndarray, states: list) -> LogprobsTensors:
+        """Where the step's returned tokens were drawn, for the log-prob stage (``token_logprobs.py``):
+        a lossless window's checks are its R rows from its first; the draws' rows (``drawn``, their
+        tokens in batch order) follow the windows'; a plain window's run (one forwarded now, or
+        planned after a prompt: ``planned`` [B]) reads its ring at its next window's start."""
+        step = self.step
         window_rows = np.flatnonzero(step.window)  # [Bw]
-        lossless = np.flatnonzero(step.window & step.lossless & wants)  # [Bl] batch rows
-        windows = np.searchsorted(window_rows, lossless)  # [Bl] their window index
-        draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
-        draws = np.flatnonzero(wants[draw_rows])  # [d]: the draws of requests that ask
-        # The rows to read: each lossless window's verification rows for cells 1.., its row after
-        # the run (for the kept entry), then the draws.
-        check = torch.from_numpy(windows[:, None] * rows_per_window + np.arange(width - 1)[None]).to(
-            device, non_blocking=True)  # [Bl, width - 1]
-        index = torch.from_numpy(lossless).to(device, non_blocking=True)
-        slots = torch.from_numpy(step.slots[lossless]).to(device, non_blocking=True)
-        run = (sampled[index] >= 0).sum(1)  # [Bl]
-        after = check[:, 0] + run - 1  # [Bl]
-        num_windows = len(window_rows) * rows_per_window
-        draw_index = torch.from_numpy(num_windows + draws).to(device, non_blocking=True)  # [d]
-        rows = torch.cat([check.flatten(), after, draw_index])
-        tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[slots, 0],
-                            drawn[torch.from_numpy(draws).to(device)] if len(draws) else after[:0]])
-        plain = np.flatnonzero(wants & ~step.lossless & (step.window | planned))  # [Bp] batch rows
-        capacity = table.capacity if len(plain) else 0
-        row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draw_rows[draws]])  # [n]
-        entries = (self.token_logprobs.entries(raw_logits[rows], tokens, self.chosen_ids(states, row_requests))
-                   if raw_logits is not None
-                   else self.token_logprobs.no_entries(self.runner.model_config.get_vocab_size()))
-        bank = self.token_logprobs.bank(entries, table.num_slots, capacity)
-        n = rows.shape[0]
-        source = torch.zeros(len(wants), width, dtype=torch.long, device=device)  # [B, width]: bank entries
-        if len(plain):  # each run's tokens sit at its next window's first positions
-            plain_slots = torch.from_numpy(step.slots[plain]).to(device, non_blocking=True)
-            positions = table.committed_len[plain_slots][:, None] + torch.arange(width, device=device)[None]
-            source[torch.from_numpy(plain).to(device, non_blocking=True)] = (
-                n + table.num_slots + plain_slots[:, None] * capacity + positions % capacity)
-        lossless_cells = torch.cat([n + slots[:, None], torch.arange(check.numel(), device=device).view_as(check)], 1)
-        source[index] = lossless_cells
-        ar = np.flatnonzero(step.ar_next[draw_rows[draws]])  # positions among ``draws`` of the AR ones
-        ar_offset = check.numel() + len(lossless)
-        source[torch.from_numpy(draw_rows[draws][ar]).to(device), 0] = torch.from_numpy(ar_offset + ar).to(device)
-        cells = self.token_logprobs.cells(bank, source)
-        first = np.flatnonzero(step.first_token[draw_rows[draws]])  # new lossless requests that ask
-        kept_slots = torch.cat([slots, torch.from_numpy(step.slots[draw_rows[draws][first]]).to(device)])
-        kept_rows = torch.cat([torch.arange(check.numel(), check.numel() + len(lossless), device=device),
-                               torch.from_numpy(ar_offset + first).to(device)])
-        self.token_logprobs.keep(bank, kept_slots, kept_rows)
-        return cells
+        lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
+        draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
+        plain = np.flatnonzero(~step.lossless & (step.window | planned))  # [Bp]
+        rows = DrawRows(lossless, np.searchsorted(window_rows, lossless) * rows_per_window, draws,
+                        len(window_rows) * rows_per_window + np.arange(len(draws)), drawn, plain,
+                        self.table.committed_len[self.on_device(step.slots[plain])])
+        return self.token_logprobs.returned(raw_logits, sampled, rows, step.slots, step.first_token, states)
 
     def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
                             first_tokens: torch.Tensor | None) -> None:

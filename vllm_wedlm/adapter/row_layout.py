@@ -143,7 +143,8 @@ class RowLayout:
         self.window_step = window_step  # the step's device work (``window_step.py``); compiled on a GPU
         self.step: StepRows | None = None  # the step in flight, from ``prepare`` to ``sample``
         self.context_edits = RowContextEdits(self)
-        self.token_logprobs = TokenLogprobs(runner.model_config.max_logprobs, self.device)
+        self.token_logprobs = TokenLogprobs(runner.model_config.max_logprobs, self.table,
+                                            runner.model_config.get_vocab_size())
         self.grammar_output = None  # the step's structured-output masks (vLLM's GrammarOutput), if any
 
     # The interface, in the order vLLM calls it.
@@ -195,14 +196,6 @@ class RowLayout:
             starts=runner.query_start_loc.np[:num_reqs].astype(np.int64),
             computed=runner.input_batch.num_computed_tokens_cpu[:num_reqs].astype(np.int64),
             window_sizes=np.fromiter((chosen.get(req_id, window_size) for req_id in req_ids), np.int64, num_reqs))
-
-    @staticmethod
-    def chosen_ids(states: list[RequestState], batch_rows: np.ndarray) -> list[tuple[int, ...] | None] | None:
-        """The ``logprob_token_ids`` of the request of each log-prob row (``batch_rows`` [n]: its index
-        into ``states``), for ``TokenLogprobs.entries``; None when no request of the step asks."""
-        if not any(state.logprob_token_ids for state in states):
-            return None
-        return [states[row].logprob_token_ids for row in batch_rows]
 
     def prompt_ends(self, step: StepRows) -> tuple[list[RequestState], np.ndarray, np.ndarray]:
         """The step's request states, and which WeDLM-decoded rows finished a prompt with it (or the
@@ -311,6 +304,10 @@ class RowLayout:
         if trace is not None:
             for row in rows:
                 trace.setdefault(req_ids[row], []).append(int(window_sizes[row]))
+
+    def on_device(self, values: np.ndarray) -> torch.Tensor:
+        """A host array on the device, behind the work queued there (no host sync)."""
+        return torch.from_numpy(values).to(self.device, non_blocking=True)
 
     def rows(self, values: torch.Tensor, chosen: np.ndarray) -> torch.Tensor:
         """The ``chosen`` ([N] bool, host) rows of ``values`` ([N, ...], device); no copy when all are."""

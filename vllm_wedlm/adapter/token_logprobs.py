@@ -20,24 +20,69 @@ vLLM's sampler gives them; the entries widen to the longest such list.
 Every returned cell ([B, width], -1 where no token) reads one entry of a bank: this step's rows
 first (N of them), then the kept slot-0 entries (one per table slot), then the rings (C per table
 slot); vLLM drops the entries of empty cells as it drops the cells.
+
+This is the step's one log-prob stage: both row layouts call ``fill_rings`` (before the window
+step moves the table on) and ``returned`` (after it), with where their rows are (``DrawRows``), and
+keep no log-prob code of their own.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
 
+if TYPE_CHECKING:
+    from vllm_wedlm.adapter.row_layout import RequestState
+    from vllm_wedlm.adapter.window_table import WindowTable
+
+
+@dataclass(frozen=True)
+class DrawRows:
+    """Which logits row drew each token a step returns or keeps, as a layout placed them (batch
+    rows and logits rows on the host, tokens on the device)."""
+
+    # The lossless windows forwarded now ([Bl] batch rows) and each one's first verification row
+    # ([Bl] logits row): its cell c > 0 was drawn by row first_check + c - 1, and the token after
+    # its run (its next window's slot 0, kept) by the row after the run's last.
+    lossless: np.ndarray
+    first_check: np.ndarray
+    # The requests that drew one token from one row ([Bd] batch rows, [Bd] logits rows, [Bd]
+    # tokens, device): an AR-decoded one returns it in cell 0; a new lossless one keeps it as its
+    # window's slot 0 (``StepRows.first_token``).
+    draws: np.ndarray
+    draw_rows: np.ndarray
+    draw_tokens: torch.Tensor | None
+    # The plain windows whose returned run is read from their ring ([Bp] batch rows), and where
+    # each one's run starts ([Bp] absolute position, device).
+    plain: np.ndarray
+    run_starts: torch.Tensor
+
+    @staticmethod
+    def draws_only(draws: np.ndarray, draw_rows: np.ndarray, draw_tokens: torch.Tensor | None) -> DrawRows:
+        none = np.zeros(0, np.int64)
+        return DrawRows(none, none, draws, draw_rows, draw_tokens, none, torch.from_numpy(none))
+
+
+def chosen_ids(states: list[RequestState], batch_rows: np.ndarray) -> list[tuple[int, ...] | None] | None:
+    """The ``logprob_token_ids`` of the request of each log-prob row (``batch_rows`` [n]: its index
+    into ``states``), for ``TokenLogprobs.entries``; None when no request of the step asks."""
+    if not any(state.logprob_token_ids for state in states):
+        return None
+    return [states[row].logprob_token_ids for row in batch_rows]
+
 
 class TokenLogprobs:
-    def __init__(self, max_logprobs: int, device: torch.device):
+    def __init__(self, max_logprobs: int, table: WindowTable, vocab_size: int):
         # Top K of every entry: the most a request may ask for (vLLM's max_logprobs; -1: no limit),
         # each request keeping its own number of them.
         self.k = max_logprobs if max_logprobs >= 0 else sys.maxsize
-        self.device = device
+        self.table, self.vocab_size, self.device = table, vocab_size, table.device
         self.kept: LogprobsTensors | None = None  # [S, K + 1] per table slot: its window's slot-0 token
         self.fills: LogprobsTensors | None = None  # [S * C, K + 1]: each table slot's ring of fills
 
@@ -66,11 +111,83 @@ class TokenLogprobs:
             entries.logprobs[rows, 1:] = logprobs[rows].gather(1, ids_dev).masked_fill(~valid_dev, float("-inf"))
         return entries
 
-    def no_entries(self, vocab_size: int) -> LogprobsTensors:
-        """No rows, in the width ``entries`` gives rows of ``vocab_size`` logits."""
-        return _at_least(None, 0, min(self.k, vocab_size) + 1, self.device)
+    def no_entries(self, vocab_size: int | None = None) -> LogprobsTensors:
+        """No rows, in the width ``entries`` gives rows of ``vocab_size`` logits (the model's)."""
+        return _at_least(None, 0, min(self.k, vocab_size or self.vocab_size) + 1, self.device)
 
-    def bank(self, rows: LogprobsTensors, slots: int, capacity: int = 0) -> LogprobsTensors:
+    # The stage.
+    def fill_rings(self, raw_logits: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor | None,
+                   slots: torch.Tensor, positions: torch.Tensor, states: list[RequestState],
+                   row_requests: np.ndarray) -> None:
+        """Before the window step: write the entry of each mask row that may fill a slot of a plain
+        window whose request asks (``rows`` [m] logits rows of ``raw_logits``, or None: all of them,
+        each drawing ``tokens`` [m]) to its table slot's ring (``slots`` [m]) at the position of the
+        slot it may fill (``positions`` [m]; -1: a row that fills nothing, written to the sink, so a
+        device-side choice needs no host sync). ``row_requests`` [m]: each row's index into ``states``."""
+        table = self.table
+        capacity, sink = table.capacity, table.num_slots * table.capacity
+        ring = torch.where(positions >= 0, slots * capacity + positions % capacity, sink)
+        entries = self.entries(raw_logits if rows is None else raw_logits[rows], tokens,
+                               chosen_ids(states, row_requests))
+        self._write_fills(entries, torch.arange(len(ring), device=self.device), ring, table.num_slots, capacity)
+
+    def returned(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: DrawRows, slots: np.ndarray,
+                 first_token: np.ndarray, states: list[RequestState]) -> LogprobsTensors:
+        """The entries of every cell the step returns (``sampled`` [B, width], device, -1 after each
+        request's tokens), for the requests that ask: cell 0 of a lossless window its kept entry and
+        cell c > 0 its verification row c - 1; an AR-decoded request's cell 0 its draw's row; a plain
+        window's run its ring (``fill_rings``). Then keep the entry of each lossless window's new
+        slot 0 (its table row's token, drawn by the row after its run) and of each new lossless
+        request's first token (``first_token`` [B] bool among ``drawn.draws``). ``slots`` [B]: each
+        request's table slot. No host sync."""
+        table, device = self.table, self.device
+        width = sampled.shape[1]
+        wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
+        asks = wants[drawn.lossless]
+        lossless, first_check = drawn.lossless[asks], drawn.first_check[asks]  # [Bl]
+        asks = np.flatnonzero(wants[drawn.draws])
+        draws, draw_rows = drawn.draws[asks], drawn.draw_rows[asks]  # [Bd]
+        # Rows to read: each lossless window's verification rows (past its run they are padding,
+        # so a row past the step's last reads that one), each one's row after its run, the draws.
+        num_rows = 0 if raw_logits is None else raw_logits.shape[0]
+        check = torch.from_numpy(np.minimum(first_check[:, None] + np.arange(width - 1)[None],
+                                            max(num_rows - 1, 0))).to(device, non_blocking=True)  # [Bl, width - 1]
+        index = torch.from_numpy(lossless).to(device, non_blocking=True)
+        lossless_slots = torch.from_numpy(slots[lossless]).to(device, non_blocking=True)
+        run = (sampled[index] >= 0).sum(1)  # [Bl]
+        after = torch.from_numpy(first_check).to(device, non_blocking=True) + run - 1  # [Bl]
+        read = torch.cat([check.flatten(), after, torch.from_numpy(draw_rows).to(device, non_blocking=True)])
+        draw_tokens = (drawn.draw_tokens[torch.from_numpy(asks).to(device, non_blocking=True)].long() if len(asks)
+                       else after[:0])
+        tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0], draw_tokens])
+        row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draws])  # [n]
+        entries = (self.entries(raw_logits[read], tokens, chosen_ids(states, row_requests)) if num_rows
+                   else self.no_entries())
+        plain = drawn.plain[wants[drawn.plain]]  # [Bp]
+        capacity = table.capacity if len(plain) else 0
+        bank = self._bank(entries, table.num_slots, capacity)
+        n, num_checks = read.shape[0], check.numel()
+        source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
+        if len(plain):  # each run's tokens sit at its next window's first positions
+            plain_slots = torch.from_numpy(slots[plain]).to(device, non_blocking=True)
+            starts = drawn.run_starts[torch.from_numpy(np.flatnonzero(wants[drawn.plain])).to(device)]
+            positions = starts[:, None] + torch.arange(width, device=device)[None]
+            source[torch.from_numpy(plain).to(device, non_blocking=True)] = (
+                n + table.num_slots + plain_slots[:, None] * capacity + positions % capacity)
+        source[index] = torch.cat([n + lossless_slots[:, None],
+                                   torch.arange(num_checks, device=device).view(len(lossless), width - 1)], 1)
+        first = first_token[draws]  # [Bd]: new lossless requests (kept), the rest AR-decoded (returned)
+        ar = np.flatnonzero(~first)
+        source[torch.from_numpy(draws[ar]).to(device), 0] = torch.from_numpy(num_checks + len(lossless) + ar).to(
+            device)
+        cells = _cells(bank, source)
+        first = np.flatnonzero(first)
+        self._keep(bank, torch.cat([lossless_slots, torch.from_numpy(slots[draws[first]]).to(device)]),
+                   torch.cat([torch.arange(num_checks, num_checks + len(lossless), device=device),
+                              torch.from_numpy(num_checks + len(lossless) + first).to(device)]))
+        return cells
+
+    def _bank(self, rows: LogprobsTensors, slots: int, capacity: int = 0) -> LogprobsTensors:
         """The step's rows, then the kept entries of ``slots`` table slots, then their rings of fills
         (``capacity`` each; 0 while no plain window asks)."""
         width = rows.logprobs.shape[1]
@@ -82,28 +199,28 @@ class TokenLogprobs:
         return LogprobsTensors(torch.cat([p.logprob_token_ids for p in parts]), torch.cat([p.logprobs for p in parts]),
                                torch.cat([p.selected_token_ranks.long() for p in parts]))
 
-    def write_fills(self, rows: LogprobsTensors, source: torch.Tensor, ring: torch.Tensor, slots: int,
+    def _write_fills(self, rows: LogprobsTensors, source: torch.Tensor, ring: torch.Tensor, slots: int,
                     capacity: int) -> None:
         """Write the entries ``source`` ([m]) of ``rows`` (this step's mask rows' entries) to the ring
         entries ``ring`` ([m]: table slot * capacity + absolute position mod capacity; ``slots *
         capacity``, one past the rings, takes writes that go nowhere, so a device-side choice needs no
-        host sync), before ``bank`` copies the rings for the cells to read."""
+        host sync), before ``_bank`` copies the rings for the cells to read."""
         self.fills = _at_least(self.fills, slots * capacity + 1, rows.logprobs.shape[1], self.device)
         self.fills.logprob_token_ids[ring] = rows.logprob_token_ids[source].long()
         self.fills.logprobs[ring] = rows.logprobs[source]
         self.fills.selected_token_ranks[ring] = rows.selected_token_ranks[source].long()
 
-    @staticmethod
-    def cells(bank: LogprobsTensors, source: torch.Tensor) -> LogprobsTensors:
-        """The entries of the returned cells: ``source`` [B, width] int64, each cell's bank entry."""
-        flat = source.flatten()
-        return LogprobsTensors(bank.logprob_token_ids[flat], bank.logprobs[flat], bank.selected_token_ranks[flat])
-
-    def keep(self, bank: LogprobsTensors, slots: torch.Tensor, source: torch.Tensor) -> None:
-        """Keep bank entries ``source`` ([m]) for table ``slots`` ([m]), after ``cells`` read the old ones."""
+    def _keep(self, bank: LogprobsTensors, slots: torch.Tensor, source: torch.Tensor) -> None:
+        """Keep bank entries ``source`` ([m]) for table ``slots`` ([m]), after ``_cells`` read the old ones."""
         self.kept.logprob_token_ids[slots] = bank.logprob_token_ids[source]
         self.kept.logprobs[slots] = bank.logprobs[source]
         self.kept.selected_token_ranks[slots] = bank.selected_token_ranks[source]
+
+
+def _cells(bank: LogprobsTensors, source: torch.Tensor) -> LogprobsTensors:
+    """The entries of the returned cells: ``source`` [B, width] int64, each cell's bank entry."""
+    flat = source.flatten()
+    return LogprobsTensors(bank.logprob_token_ids[flat], bank.logprobs[flat], bank.selected_token_ranks[flat])
 
 
 def _at_least(entries: LogprobsTensors | None, count: int, width: int, device: torch.device) -> LogprobsTensors:
