@@ -23,8 +23,7 @@ from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.protocol import wedlm_output
-from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
-from vllm_wedlm.adapter.token_logprobs import DrawRows
+from vllm_wedlm.adapter.row_layout import RowLayout, StepIndex, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import plan_rows
 from vllm_wedlm.adapter.window_table import packet_width
 from vllm_wedlm.core.batch import (
@@ -389,9 +388,8 @@ class ExactRows(RowLayout):
         self.next_windows, self.unforwarded = {}, {}
         logprobs = None
         if any(state.logprobs for state in states):  # as the general path: also in a step of prefill chunks alone
-            drawn = DrawRows.draws_only(rows, np.arange(len(rows)), tokens)
-            logprobs = self.token_logprobs.returned(raw_logits, self.on_device(sampled), drawn, step.slots,
-                                                    step.first_token, states)
+            logprobs = self.token_logprobs.returned(raw_logits, self.on_device(sampled), self.step_index(), tokens,
+                                                    rows[:0], self.on_device(rows[:0]), states)
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, tokens: torch.Tensor | None,
@@ -406,7 +404,6 @@ class ExactRows(RowLayout):
         num_rows = 0 if tokens is None else len(tokens)
         if row_kind is None:  # a plain step: every row is a mask row
             row_kind = np.full(num_rows, MASK_ROW, np.int8)
-        first_row = first_logits_rows(step)  # [B]
         request = np.repeat(np.arange(len(states)), step.num_logits)  # [N]
         asks = np.fromiter((state.logprobs for state in states), bool, len(states)) & early  # [B]
         mask_rows = np.flatnonzero((row_kind == MASK_ROW) & asks[request])  # [m]
@@ -416,15 +413,20 @@ class ExactRows(RowLayout):
             self.token_logprobs.fill_rings(raw_logits, tokens[index], index,
                                            self.on_device(step.slots[request[mask_rows]]), self.on_device(positions),
                                            states, request[mask_rows])
-        lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
-        draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: one row each (their first)
-        draw_rows = first_row[draws]
         plain = np.flatnonzero(early & (run_len > 0))  # [Bp]
-        drawn = DrawRows(lossless, first_row[lossless], draws, draw_rows,
-                         tokens[self.on_device(draw_rows)] if len(draws) else None, plain,
-                         self.on_device(self.table.host.committed_len[step.slots[plain]]))
-        return self.token_logprobs.returned(raw_logits, self.on_device(sampled), drawn, step.slots, step.first_token,
-                                            states)
+        index = self.step_index()
+        draw_tokens = tokens[self.on_device(index.draw_rows)] if len(index.draws) else None
+        return self.token_logprobs.returned(raw_logits, self.on_device(sampled), index, draw_tokens, plain,
+                                            self.on_device(self.table.host.committed_len[step.slots[plain]]), states)
+
+    def step_index(self) -> StepIndex:
+        """Each request's logits rows are together, a lossless window's checks first; a request that
+        draws has one row."""
+        step = self.step
+        first_row = first_logits_rows(step)  # [B]
+        lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
+        draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
+        return StepIndex(step.slots, lossless, first_row[lossless], draws, first_row[draws], step.first_token)
 
     def mask_first_slots(self, logits: torch.Tensor, rows: np.ndarray) -> None:
         """Mask the logits row of the first undecided slot of each window at ``rows`` ([G], batch rows,

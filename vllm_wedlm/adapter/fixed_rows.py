@@ -28,8 +28,7 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunner
 from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
 from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
 from vllm_wedlm.adapter.protocol import plan_of
-from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
-from vllm_wedlm.adapter.token_logprobs import DrawRows
+from vllm_wedlm.adapter.row_layout import RowLayout, StepIndex, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
@@ -355,7 +354,7 @@ class FixedRows(RowLayout):
             self.follow_grammars(sampled, grammar, verified_grammar)
         logprobs = None
         if wants.any():
-            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, rows_per_window, new | resumed, states)
+            logprobs = self.returned_logprobs(raw_logits, sampled, drawn, new | resumed, states)
         self.spans = None
         if self.settings.adaptive_window:
             # The spans of the plain windows the window step planned; a window of W 0 plans its next
@@ -526,20 +525,25 @@ class FixedRows(RowLayout):
                                        np.repeat(np.flatnonzero(self.step.window), rows_per_window))
 
     def returned_logprobs(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: torch.Tensor | None,
-                          rows_per_window: int, planned: np.ndarray, states: list) -> LogprobsTensors:
+                          planned: np.ndarray, states: list) -> LogprobsTensors:
         """Where the step's returned tokens were drawn, for the log-prob stage (``token_logprobs.py``):
         a lossless window's checks are its R rows from its first; the draws' rows (``drawn``, their
         tokens in batch order) follow the windows'; a plain window's run (one forwarded now, or
         planned after a prompt: ``planned`` [B]) reads its ring at its next window's start."""
         step = self.step
+        plain = np.flatnonzero(~step.lossless & (step.window | planned))  # [Bp]
+        return self.token_logprobs.returned(raw_logits, sampled, self.step_index(), drawn, plain,
+                                            self.table.committed_len[self.on_device(step.slots[plain])], states)
+
+    def step_index(self) -> StepIndex:
+        """R logits rows per window first, a lossless window's checks from its first; then one row
+        per request that draws, in batch order."""
+        step, rows_per_window = self.step, self.rows_per_window
         window_rows = np.flatnonzero(step.window)  # [Bw]
         lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
         draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
-        plain = np.flatnonzero(~step.lossless & (step.window | planned))  # [Bp]
-        rows = DrawRows(lossless, np.searchsorted(window_rows, lossless) * rows_per_window, draws,
-                        len(window_rows) * rows_per_window + np.arange(len(draws)), drawn, plain,
-                        self.table.committed_len[self.on_device(step.slots[plain])])
-        return self.token_logprobs.returned(raw_logits, sampled, rows, step.slots, step.first_token, states)
+        return StepIndex(step.slots, lossless, np.searchsorted(window_rows, lossless) * rows_per_window, draws,
+                         len(window_rows) * rows_per_window + np.arange(len(draws)), step.first_token)
 
     def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
                             first_tokens: torch.Tensor | None) -> None:

@@ -29,7 +29,6 @@ keep no log-prob code of their own.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,35 +37,8 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import RequestState
+    from vllm_wedlm.adapter.row_layout import RequestState, StepIndex
     from vllm_wedlm.adapter.window_table import WindowTable
-
-
-@dataclass(frozen=True)
-class DrawRows:
-    """Which logits row drew each token a step returns or keeps, as a layout placed them (batch
-    rows and logits rows on the host, tokens on the device)."""
-
-    # The lossless windows forwarded now ([Bl] batch rows) and each one's first verification row
-    # ([Bl] logits row): its cell c > 0 was drawn by row first_check + c - 1, and the token after
-    # its run (its next window's slot 0, kept) by the row after the run's last.
-    lossless: np.ndarray
-    first_check: np.ndarray
-    # The requests that drew one token from one row ([Bd] batch rows, [Bd] logits rows, [Bd]
-    # tokens, device): an AR-decoded one returns it in cell 0; a new lossless one keeps it as its
-    # window's slot 0 (``StepRows.first_token``).
-    draws: np.ndarray
-    draw_rows: np.ndarray
-    draw_tokens: torch.Tensor | None
-    # The plain windows whose returned run is read from their ring ([Bp] batch rows), and where
-    # each one's run starts ([Bp] absolute position, device).
-    plain: np.ndarray
-    run_starts: torch.Tensor
-
-    @staticmethod
-    def draws_only(draws: np.ndarray, draw_rows: np.ndarray, draw_tokens: torch.Tensor | None) -> DrawRows:
-        none = np.zeros(0, np.int64)
-        return DrawRows(none, none, draws, draw_rows, draw_tokens, none, torch.from_numpy(none))
 
 
 def chosen_ids(states: list[RequestState], batch_rows: np.ndarray) -> list[tuple[int, ...] | None] | None:
@@ -131,52 +103,58 @@ class TokenLogprobs:
                                chosen_ids(states, row_requests))
         self._write_fills(entries, torch.arange(len(ring), device=self.device), ring, table.num_slots, capacity)
 
-    def returned(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, drawn: DrawRows, slots: np.ndarray,
-                 first_token: np.ndarray, states: list[RequestState]) -> LogprobsTensors:
+    def returned(self, raw_logits: torch.Tensor | None, sampled: torch.Tensor, index: StepIndex,
+                 draw_tokens: torch.Tensor | None, plain: np.ndarray, run_starts: torch.Tensor,
+                 states: list[RequestState]) -> LogprobsTensors:
         """The entries of every cell the step returns (``sampled`` [B, width], device, -1 after each
         request's tokens), for the requests that ask: cell 0 of a lossless window its kept entry and
         cell c > 0 its verification row c - 1; an AR-decoded request's cell 0 its draw's row; a plain
         window's run its ring (``fill_rings``). Then keep the entry of each lossless window's new
         slot 0 (its table row's token, drawn by the row after its run) and of each new lossless
-        request's first token (``first_token`` [B] bool among ``drawn.draws``). ``slots`` [B]: each
-        request's table slot. No host sync."""
+        request's first token. ``draw_tokens`` [Bd] (device): the tokens of ``index.draws``;
+        ``plain`` [Bp]: the batch rows of plain windows that return a run, which starts at
+        ``run_starts`` [Bp] (device). No host sync."""
         table, device = self.table, self.device
         width = sampled.shape[1]
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]
-        asks = wants[drawn.lossless]
-        lossless, first_check = drawn.lossless[asks], drawn.first_check[asks]  # [Bl]
-        asks = np.flatnonzero(wants[drawn.draws])
-        draws, draw_rows = drawn.draws[asks], drawn.draw_rows[asks]  # [Bd]
+        slots = index.slots
+        asks = wants[index.lossless]
+        lossless, first_check = index.lossless[asks], index.first_check[asks]  # [Bl]
+        asks = np.flatnonzero(wants[index.draws])
+        draws, draw_rows = index.draws[asks], index.draw_rows[asks]  # [Bd]
         # Rows to read: each lossless window's verification rows (past its run they are padding,
         # so a row past the step's last reads that one), each one's row after its run, the draws.
         num_rows = 0 if raw_logits is None else raw_logits.shape[0]
         check = torch.from_numpy(np.minimum(first_check[:, None] + np.arange(width - 1)[None],
                                             max(num_rows - 1, 0))).to(device, non_blocking=True)  # [Bl, width - 1]
-        index = torch.from_numpy(lossless).to(device, non_blocking=True)
+        lossless_rows = torch.from_numpy(lossless).to(device, non_blocking=True)
         lossless_slots = torch.from_numpy(slots[lossless]).to(device, non_blocking=True)
-        run = (sampled[index] >= 0).sum(1)  # [Bl]
+        run = (sampled[lossless_rows] >= 0).sum(1)  # [Bl]
         after = torch.from_numpy(first_check).to(device, non_blocking=True) + run - 1  # [Bl]
         read = torch.cat([check.flatten(), after, torch.from_numpy(draw_rows).to(device, non_blocking=True)])
-        draw_tokens = (drawn.draw_tokens[torch.from_numpy(asks).to(device, non_blocking=True)].long() if len(asks)
-                       else after[:0])
-        tokens = torch.cat([sampled[index, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0], draw_tokens])
+        if len(asks):
+            draw_tokens = draw_tokens[torch.from_numpy(asks).to(device, non_blocking=True)].long()
+        else:
+            draw_tokens = after[:0]
+        tokens = torch.cat([sampled[lossless_rows, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0], draw_tokens])
         row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draws])  # [n]
         entries = (self.entries(raw_logits[read], tokens, chosen_ids(states, row_requests)) if num_rows
                    else self.no_entries())
-        plain = drawn.plain[wants[drawn.plain]]  # [Bp]
+        asks = wants[plain]
+        plain = plain[asks]  # [Bp]
         capacity = table.capacity if len(plain) else 0
         bank = self._bank(entries, table.num_slots, capacity)
         n, num_checks = read.shape[0], check.numel()
         source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
         if len(plain):  # each run's tokens sit at its next window's first positions
             plain_slots = torch.from_numpy(slots[plain]).to(device, non_blocking=True)
-            starts = drawn.run_starts[torch.from_numpy(np.flatnonzero(wants[drawn.plain])).to(device)]
+            starts = run_starts[torch.from_numpy(np.flatnonzero(asks)).to(device)]
             positions = starts[:, None] + torch.arange(width, device=device)[None]
             source[torch.from_numpy(plain).to(device, non_blocking=True)] = (
                 n + table.num_slots + plain_slots[:, None] * capacity + positions % capacity)
-        source[index] = torch.cat([n + lossless_slots[:, None],
+        source[lossless_rows] = torch.cat([n + lossless_slots[:, None],
                                    torch.arange(num_checks, device=device).view(len(lossless), width - 1)], 1)
-        first = first_token[draws]  # [Bd]: new lossless requests (kept), the rest AR-decoded (returned)
+        first = index.first_token[draws]  # [Bd]: new lossless requests (kept), the rest AR-decoded (returned)
         ar = np.flatnonzero(~first)
         source[torch.from_numpy(draws[ar]).to(device), 0] = torch.from_numpy(num_checks + len(lossless) + ar).to(
             device)
