@@ -21,7 +21,7 @@ import torch
 from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.custom_processors import RowContext
-from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
+from vllm_wedlm.adapter.grammar_rows import GrammarRows
 from vllm_wedlm.adapter.protocol import wedlm_output
 from vllm_wedlm.adapter.row_layout import RowLayout, StepIndex, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import plan_rows
@@ -32,7 +32,6 @@ from vllm_wedlm.core.batch import (
     finish_windows,
     leading_filled,
     plan_windows,
-    reopen,
     verification_drafts,
     verify_windows,
 )
@@ -214,10 +213,9 @@ class ExactRows(RowLayout):
                 tokens = sample(logits, sampling, self.mask_id)
         commit, ar_tokens, plan_slots, sizes = self._plan_next_windows(logits, tokens, row_kind, new, moved, masked,
                                                                         plain, verified_commit)
-        if grammar.any():
-            self.cut_rejected_fills(np.flatnonzero(grammar), plan_slots, sizes)
-        sampled, early, run_len = self._returned_tokens(states, new, resumed, commit, lossless_runs, ar_tokens,
-                                                        verified_grammar)
+        if (grammar | verified_grammar).any():
+            self.follow_grammars(grammar, verified_grammar, plan_slots, sizes, lossless_runs, commit)
+        sampled, early, run_len = self._returned_tokens(states, new, resumed, commit, lossless_runs, ar_tokens)
         logprobs = None
         if wants_logprobs:
             logprobs = self.returned_logprobs(raw_logits, tokens, row_kind, states, sampled, early, run_len)
@@ -229,17 +227,19 @@ class ExactRows(RowLayout):
         vLLM's default) and after each request's edits and the thinking budget (a float32 copy):
         (raw rows, edited rows, and [B] bool: plain windows with a grammar, lossless ones with a grammar,
         plain windows whose first slot the grammar masks)."""
-        step = self.step
-        if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
-            first_row = first_logits_rows(step)
-            apply_grammar(logits, self.grammar_output,
-                          {step.req_ids[i]: int(first_row[i]) for i in np.flatnonzero(step.ar_next)})
+        step, host = self.step, self.table.host
         grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
         masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
-        if logits is not None and masked.any():
-            self.mask_first_slots(logits, np.flatnonzero(masked & (step.num_logits > step.num_checks)))
-        if logits is not None and (verified_grammar.any() or first_grammar.any()):
-            self.mask_ar_rows(logits, verified_grammar, first_grammar)
+        follows = (masked | verified_grammar | first_grammar).any()
+        if logits is not None and (self.grammar_output is not None or follows):
+            index = self.step_index()
+            plain = np.flatnonzero(masked & (step.num_logits > step.num_checks))  # [G], with a mask row
+            lossless = np.flatnonzero(verified_grammar)
+            # A window's masks follow its checks; a lossless one's checks are its leading run.
+            rows = GrammarRows(plain, first_logits_rows(step)[plain] + step.num_checks[plain], None, lossless,
+                               [host.input_ids[step.slots[b], : step.num_checks[b]].tolist() for b in lossless],
+                               first_grammar)
+            self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, index, rows)
         raw_logits = logits  # [N, V]
         if logits is not None:  # rows grouped by request, step.num_logits each
             logits = self.edited(logits, states, np.repeat(np.arange(len(step.req_ids)), step.num_logits))
@@ -327,8 +327,7 @@ class ExactRows(RowLayout):
         return commit, received[packet_size:], plan_slots, sizes
 
     def _returned_tokens(self, states: list, new: np.ndarray, resumed: np.ndarray, commit: np.ndarray,
-                         lossless_runs: np.ndarray, ar_tokens: np.ndarray,
-                         verified_grammar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                         lossless_runs: np.ndarray, ar_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The step's sampled tokens ([B, width], -1 after each request's): a plain window's next
         leading run (decided now, forwarded next step), a lossless window's verified run (forwarded
         now: ``commit``, of ``lossless_runs``), an AR request's draw (``ar_tokens``); and for the
@@ -347,8 +346,6 @@ class ExactRows(RowLayout):
         sampled = np.full((num_reqs, width), -1, dtype=np.int32)
         sampled[early] = np.where(columns < run_len[early, None], host.input_ids[step.slots[early], :width], -1)
         sampled[verified_rows] = np.where(columns < lossless_commit[:, None], lossless_runs[:, :width], -1)
-        if verified_grammar.any():
-            self.follow_verified_runs(np.flatnonzero(verified_rows), lossless_runs, lossless_commit, verified_grammar)
         sampled[step.ar_next, 0] = ar_tokens
         for row in np.flatnonzero(step.window | new):
             states[row].has_window = True
@@ -374,8 +371,9 @@ class ExactRows(RowLayout):
         tokens = None  # [Ba]
         raw_logits = logits  # [Ba, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if len(rows):
-            if self.grammar_output is not None:
-                apply_grammar(logits, self.grammar_output, {step.req_ids[i]: k for k, i in enumerate(rows)})
+            if self.grammar_output is not None:  # AR requests' rows: only vLLM's masks
+                self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, self.step_index(),
+                                                     GrammarRows.none(len(step.req_ids)))
             logits = self.edited(logits, states, rows)
         # Every step, as the general path: vLLM's budget state follows the batch's output lists.
         logits = self.end_thinking(logits, lambda: np.arange(len(rows)))
@@ -428,69 +426,34 @@ class ExactRows(RowLayout):
         draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
         return StepIndex(step.slots, lossless, first_row[lossless], draws, first_row[draws], step.first_token)
 
-    def mask_first_slots(self, logits: torch.Tensor, rows: np.ndarray) -> None:
-        """Mask the logits row of the first undecided slot of each window at ``rows`` ([G], batch rows,
-        each with a mask row) with its grammar's next-token mask: that slot's context is exactly the
-        request's output, which the grammar has followed (``grammar_rows.py``)."""
-        step = self.step
-        first_mask_row = first_logits_rows(step)[rows] + step.num_checks[rows]  # masks follow a window's checks
-        masks = self.runner.wedlm_grammars.masks([step.req_ids[i] for i in rows])
-        apply_masks(logits, masks, first_mask_row.tolist())
-
-    def mask_ar_rows(self, logits: torch.Tensor, windows: np.ndarray, first: np.ndarray) -> None:
-        """Mask the AR rows of lossless requests under a grammar, which draw every token they commit:
-        each verification row of the windows at ``windows`` ([B] bool) with the grammar's mask after
-        the window's leading run up to its slot, and the first-token row of the requests at ``first``
-        ([B] bool) with the grammar's first mask (``grammar_rows.py``)."""
-        step, host, grammars = self.step, self.table.host, self.runner.wedlm_grammars
-        first_row = first_logits_rows(step)  # [B]: a lossless window's check rows come first
-        masks, indices = [], []
-        for row in np.flatnonzero(windows):
-            run = host.input_ids[step.slots[row], : step.num_checks[row]].tolist()  # logical order
-            masks.append(grammars.masks_along(step.req_ids[row], run))
-            indices.extend(range(first_row[row], first_row[row] + len(run)))
-        rows = np.flatnonzero(first)
-        if len(rows):
-            masks.append(grammars.masks([step.req_ids[row] for row in rows]))
-            indices.extend(first_row[rows].tolist())
-        apply_masks(logits, torch.cat(masks), indices)
-
-    def follow_verified_runs(self, rows: np.ndarray, runs: np.ndarray, commit: np.ndarray,
-                             grammar: np.ndarray) -> None:
-        """Advance the grammar of each lossless window under one (``grammar`` [B] bool) among the
-        step's verified windows (batch ``rows`` [Bl], their leading runs ``runs`` [Bl, C] and verified
-        lengths ``commit`` [Bl]) by the run it returns now: drawn under its masks, the grammar takes
-        it whole (past its end, tokens after the stop token: vLLM stops the request there)."""
-        grammars = self.runner.wedlm_grammars
-        for k, row in enumerate(rows):
-            if grammar[row]:
-                grammars.follow_verified(self.step.req_ids[row], runs[k, : commit[k]].tolist())
-
-    def cut_rejected_fills(self, rows: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray) -> None:
-        """Cut the leading run of each next window at ``rows`` ([G], batch rows; its slot and W among
-        the step's plan, ``plan_slots`` / ``sizes`` [P]) where its grammar rejects a token: that fill
-        becomes a mask again (``core.batch.reopen``) and the window is planned anew, so the run the
-        step returns is what the grammar accepts, which it advances by. A step that cuts copies the
-        re-planned windows back to the host a second time."""
-        step, table, host = self.step, self.table, self.table.host
-        grammars = self.runner.wedlm_grammars
-        cut_slots, cut_at, cut_sizes = [], [], []
+    def follow_grammars(self, plain: np.ndarray, verified: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray,
+                        lossless_runs: np.ndarray, commit: np.ndarray) -> None:
+        """The grammar stage after the draws (``grammar_rows.py``), with the runs the windows under a
+        grammar return: a ``plain`` one's ([B] bool) is its next window's leading run, a lossless
+        one's (``verified`` [B] bool) its verified run (``lossless_runs`` [Bl, C], ``commit`` [Bw]).
+        A plain window the grammar cuts is planned anew (its slot and W among the step's plan,
+        ``plan_slots`` / ``sizes`` [P]), so the run the step returns is what the grammar accepts."""
+        step, host = self.step, self.table.host
+        rows = np.flatnonzero(plain | verified)  # [G]
+        verified_rows = np.flatnonzero(step.window & step.lossless)  # [Bl]
+        lossless_commit = commit[step.lossless[step.window]]  # [Bl]
+        runs = []
         for row in rows:
             slot = step.slots[row]
-            run = host.input_ids[slot, : host.num_commit[slot]].tolist()  # the leading run, logical order
-            kept = grammars.accepted(step.req_ids[row], run)
-            if kept < len(run):
-                cut_slots.append(slot)
-                cut_at.append(kept)
-                cut_sizes.append(sizes[np.flatnonzero(plan_slots == slot)[0]])
-        if not cut_slots:
+            if verified[row]:
+                k = np.searchsorted(verified_rows, row)
+                runs.append(lossless_runs[k, : lossless_commit[k]].tolist())
+            else:  # the leading run, logical order
+                runs.append(host.input_ids[slot, : host.num_commit[slot]].tolist())
+        cuts = self.runner.wedlm_grammars.follow(step.req_ids, rows, runs, verified[rows])
+        if not cuts:
             return
-        slots = np.array(cut_slots, np.int64)
-        index, at, window_size = plan_rows(slots, np.array(cut_at, np.int64), self.device, np.array(cut_sizes))
-        committed_len = host.committed_len[slots]
-        windows = reopen(table.windows.rows(index), at, self.mask_id)
-        plan = plan_windows(windows, window_size, torch.from_numpy(committed_len).to(self.device), self.max_model_len)
-        table.receive(slots, table.store(index, plan).cpu().numpy(), committed_len)
+        slots = step.slots[rows[[k for k, _ in cuts]]]
+        cut_sizes = np.array([sizes[np.flatnonzero(plan_slots == slot)[0]] for slot in slots])
+        index, at, window_size = plan_rows(slots, np.array([kept for _, kept in cuts], np.int64), self.device,
+                                           cut_sizes)
+        self.table.reopen(index, at, window_size, self.on_device(host.committed_len[slots]), self.max_model_len,
+                          slots)
 
     def row_kinds(self, step: StepRows) -> np.ndarray:
         """[N] int8: what each logits row of the step is for (``MASK_ROW`` ...), request by request."""

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
-from vllm_wedlm.adapter.grammar_rows import apply_grammar, apply_masks
+from vllm_wedlm.adapter.grammar_rows import GrammarRows
 from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
 from vllm_wedlm.adapter.protocol import plan_of
 from vllm_wedlm.adapter.row_layout import RowLayout, StepIndex, StepRows, ragged_arange
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
-from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows, reopen
+from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows
 from vllm_wedlm.core.sampling import sample
 
 if TYPE_CHECKING:
@@ -284,13 +284,12 @@ class FixedRows(RowLayout):
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
         draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
-        if logits is not None and self.grammar_output is not None:  # structured outputs: AR requests' rows
-            apply_grammar(logits, self.grammar_output, {step.req_ids[i]: num_window_logits + k
-                                                        for k, i in enumerate(draw_rows) if step.ar_next[i]})
         grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
         masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
-        if logits is not None and (masked | verified_grammar | first_grammar).any():
-            self.mask_grammar_rows(logits, masked, verified_grammar, first_grammar, draw_rows)
+        follows = (masked | verified_grammar | first_grammar).any()
+        if logits is not None and (self.grammar_output is not None or follows):
+            self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, self.step_index(),
+                                                 self.grammar_rows(masked, verified_grammar, first_grammar))
         raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
         if logits is not None:
             logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
@@ -434,74 +433,46 @@ class FixedRows(RowLayout):
         """[k] device: the index among the step's windows of each window at batch ``rows`` ([k])."""
         return torch.from_numpy(np.cumsum(self.step.window)[rows] - 1).to(self.device, non_blocking=True)
 
-    def mask_grammar_rows(self, logits: torch.Tensor, plain: np.ndarray, verified: np.ndarray, first: np.ndarray,
-                          draw_rows: np.ndarray) -> None:
-        """Mask ``logits`` [N, V] where windows under a grammar draw (``grammar_rows.py``), as exact rows
-        do: the first mask of each ``plain`` window ([B] bool) with its grammar's next-token mask
-        (filled slots come first in a window's rows, so that mask is its row ``filled - run`` of R;
-        a window whose first mask has no row this step is void and fills nothing); each
-        verification row of a ``verified`` (lossless) window with the grammar's mask along its
-        leading run, read back from the device table; the first-token row of each ``first``
-        request ([B] bool; ``draw_rows`` [Bd], the draws' batch rows, after the windows' rows)."""
-        step, table, grammars, device = self.step, self.table, self.runner.wedlm_grammars, self.device
-        r = self.rows_per_window
-        w_slots, run, _, rows, *_ = self.forwarded
-        masks, indices = [], []  # [n, words] int32 each; [n] device rows
+    def grammar_rows(self, plain: np.ndarray, verified: np.ndarray, first: np.ndarray) -> GrammarRows:
+        """Where the windows under a grammar draw (``grammar_rows.py``): the first mask of each
+        ``plain`` window ([B] bool) is its row ``filled - run`` of R (filled slots come first in a
+        window's rows), unless the window is void or the mask lies past its R rows; a ``verified``
+        (lossless) window's checks are its first rows, over its leading run read back from the
+        device table (one host sync); ``first`` ([B] bool) lossless requests draw their first token."""
+        table, r = self.table, self.rows_per_window
+        none = GrammarRows.none(len(plain))
+        first_masks, has_row, runs = none.first_masks, None, []
+        if plain.any() or verified.any():
+            w_slots, run, _, rows, *_ = self.forwarded
         if plain.any():
             window = self.window_index(np.flatnonzero(plain))  # [G]
             planned = table.windows.rows(w_slots[window])
             k = planned.filled.sum(1) - run[window]  # [G]: the first mask's logits row in its window
             has_row = (k < r) & (planned.length <= rows[window])  # [G]
-            own = grammars.masks([step.req_ids[i] for i in np.flatnonzero(plain)]).to(device, non_blocking=True)
-            masks.append(torch.where(has_row[:, None], own, -1))  # -1: every token (a void window's row)
-            indices.append(window * r + torch.where(has_row, k, r - 1))
-        host_indices = []  # [n'] host rows: the lossless windows' and the first tokens'
-        if verified.any():
-            batch_rows = np.flatnonzero(verified)
-            window = np.cumsum(step.window)[batch_rows] - 1  # [Gl] each one's index among the windows
-            planned = table.windows.rows(w_slots[torch.from_numpy(window).to(device, non_blocking=True)])
+            first_masks = window * r + torch.where(has_row, k, r - 1)
+        lossless = np.flatnonzero(verified)
+        if len(lossless):
+            planned = table.windows.rows(w_slots[self.window_index(lossless)])
             tokens, lead = planned.tokens.cpu().numpy(), leading_filled(planned.filled).cpu().numpy()  # one sync
-            for j, row in enumerate(batch_rows):
-                run_tokens = tokens[j, : min(int(lead[j]), r)].tolist()  # logical order = its first rows
-                masks.append(grammars.masks_along(step.req_ids[row], run_tokens))
-                host_indices.append(window[j] * r + np.arange(len(run_tokens)))
-        if first.any():
-            at = np.flatnonzero(first[draw_rows])  # positions among the draws
-            masks.append(grammars.masks([step.req_ids[i] for i in draw_rows[at]]))
-            host_indices.append(int(step.window.sum()) * r + at)
-        if host_indices:
-            indices.append(torch.from_numpy(np.concatenate(host_indices)).to(device, non_blocking=True))
-        apply_masks(logits, torch.cat([m.to(device) for m in masks]), torch.cat(indices))
+            runs = [tokens[j, : min(int(lead[j]), r)].tolist() for j in range(len(lossless))]  # logical order
+        return GrammarRows(np.flatnonzero(plain), first_masks, has_row, lossless, runs, first)
 
     def follow_grammars(self, sampled: torch.Tensor, plain: np.ndarray, verified: np.ndarray) -> None:
-        """Bring back the run each window under a grammar returns (``sampled`` [B, width], device; the
-        step waits for it here) and advance its grammar by it: a ``plain`` window's ([B] bool) is cut
-        at its first fill the grammar rejects, which becomes a mask again (``core.batch.reopen``), and
-        the window is planned anew in the table; a ``verified`` (lossless) window's was drawn under
-        the grammar's masks, which takes it whole (as in ``exact_rows.follow_verified_runs``)."""
-        step, grammars, device = self.step, self.runner.wedlm_grammars, self.device
-        batch_rows = np.flatnonzero(plain | verified)
-        runs = sampled[torch.from_numpy(batch_rows).to(device)].cpu().numpy()  # [G, width], -1 after each run
-        cut_rows, cut_at = [], []
-        for run_tokens, row in zip(runs, batch_rows, strict=True):
-            run_tokens = run_tokens[run_tokens >= 0].tolist()
-            if verified[row]:
-                grammars.follow_verified(step.req_ids[row], run_tokens)
-                continue
-            kept = grammars.accepted(step.req_ids[row], run_tokens)
-            if kept < len(run_tokens):
-                cut_rows.append(row)
-                cut_at.append(kept)
-        if not cut_rows:
+        """The grammar stage after the draws (``grammar_rows.py``), with the run each window under a
+        grammar returns (``sampled`` [B, width], device; the step waits for it here): a ``plain``
+        window ([B] bool) the grammar cuts is planned anew in the table and returns the run it
+        accepts; a ``verified`` (lossless) one's run is taken whole."""
+        step, device = self.step, self.device
+        rows = np.flatnonzero(plain | verified)  # [G]
+        runs = [run[run >= 0].tolist() for run in sampled[self.on_device(rows)].cpu().numpy()]  # -1 after each run
+        cuts = self.runner.wedlm_grammars.follow(step.req_ids, rows, runs, verified[rows])
+        if not cuts:
             return
-        table = self.table
-        window = self.window_index(np.array(cut_rows))  # [K]
-        slots, at = self.forwarded[0][window], torch.tensor(cut_at, device=device)  # [K] each
-        committed_len = table.committed_len[slots]
-        plan = plan_windows(reopen(table.windows.rows(slots), at, self.mask_id), self.window_sizes[window],
-                            committed_len, self.max_model_len)
-        table.keep(slots, plan.windows, plan.order, committed_len)
-        cut = torch.tensor(cut_rows, device=device)
+        cut_rows = rows[[k for k, _ in cuts]]
+        window = self.window_index(cut_rows)  # [K]
+        slots, at = self.forwarded[0][window], torch.tensor([kept for _, kept in cuts], device=device)  # [K] each
+        self.table.reopen(slots, at, self.window_sizes[window], self.table.committed_len[slots], self.max_model_len)
+        cut = self.on_device(cut_rows)
         columns = torch.arange(sampled.shape[1], device=device)[None]  # [1, width]
         sampled[cut] = torch.where(columns < at[:, None], sampled[cut], -1)
 

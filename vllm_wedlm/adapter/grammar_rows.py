@@ -29,19 +29,50 @@ window decodes as an unconstrained one and a lossless one's rows are unmasked), 
 marks where a run ends it (``note_reasoning_end``), so that vLLM's grammar takes the rest of that
 run.
 
-Both row layouts do this (``exact_rows.py``, ``fixed_rows.py``): exact rows know each window on the
-host; fixed rows (async scheduling) mask the rows the device table points at, and bring each run of
-such a window back to the host before returning it, to cut or follow it.
+This is the step's one grammar stage (``WindowGrammars.mask_rows`` before the draws,
+``WindowGrammars.follow`` after them), for both row layouts: a layout says where the rows are
+(``GrammarRows``, ``row_layout.StepIndex``: exact rows know each window on the host; fixed rows,
+under async scheduling, point at the rows on the device) and what runs its windows return (fixed
+rows bring each run of such a window back to the host first), and re-plans a window the stage cuts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.request import StructuredOutputRequest
+
+if TYPE_CHECKING:
+    from vllm_wedlm.adapter.row_layout import StepIndex
+
+
+@dataclass(frozen=True)
+class GrammarRows:
+    """Where a step's windows under a grammar draw, as a layout placed them (batch rows on the host)."""
+
+    # The plain windows whose first undecided slot the grammar masks ([G] batch rows) and that
+    # slot's logits row ([G], host or device); ``has_row`` [G] bool (device; None: all have one):
+    # False for a window whose first mask has no row this step (then ``first_masks`` names one
+    # of its own rows, left unmasked).
+    plain: np.ndarray
+    first_masks: torch.Tensor
+    has_row: torch.Tensor | None
+    # The lossless windows under a grammar ([Gl] batch rows) and each one's leading run, logical
+    # order: its verification rows check it.
+    lossless: np.ndarray
+    runs: list[list[int]]
+    first: np.ndarray  # [B] bool: lossless requests under a grammar that draw their first token
+
+    @staticmethod
+    def none(batch_size: int) -> GrammarRows:
+        """No window under a grammar (a step whose grammars are vLLM's masks of AR rows alone)."""
+        empty = np.zeros(0, np.int64)
+        return GrammarRows(empty, torch.from_numpy(empty), None, empty, [], np.zeros(batch_size, bool))
 
 
 def apply_grammar(logits: torch.Tensor, grammar_output, rows: dict[str, int]) -> None:
@@ -155,6 +186,50 @@ class WindowGrammars:
             reasoner = manager.reasoner_cls(tokenizer=manager.tokenizer)
             if not reasoner.is_reasoning_end(list(prompt_token_ids)):
                 self._thinking[req_id] = (reasoner, list(prompt_token_ids))
+
+    def mask_rows(self, logits: torch.Tensor, grammar_output, req_ids: list[str], index: StepIndex,
+                  rows: GrammarRows) -> None:
+        """Mask ``logits`` [N, V] in place where the step's requests under a grammar draw: each
+        AR-decoded one's draw row with vLLM's mask (``grammar_output``, or None); the first mask of
+        each plain window with its grammar's next-token mask; each verification row of a lossless
+        window with the grammar's mask along its leading run up to it; the first-token row of a
+        new lossless request with its grammar's first mask."""
+        device = logits.device
+        if grammar_output is not None:
+            ar_batch, ar_rows = index.ar_draws()
+            apply_grammar(logits, grammar_output, {req_ids[b]: int(r) for b, r in zip(ar_batch, ar_rows, strict=True)})
+        masks, indices = [], []  # [n, words] int32 each; [n] rows each
+        if len(rows.plain):
+            own = self.masks([req_ids[b] for b in rows.plain]).to(device, non_blocking=True)
+            masks.append(own if rows.has_row is None else torch.where(rows.has_row[:, None], own, -1))
+            indices.append(torch.as_tensor(rows.first_masks).to(device, non_blocking=True))
+        for b, run in zip(rows.lossless, rows.runs, strict=True):
+            masks.append(self.masks_along(req_ids[b], run))
+            indices.append(torch.arange(len(run), device=device) + index.check_rows(b))
+        first = np.flatnonzero(rows.first)
+        if len(first):
+            masks.append(self.masks([req_ids[b] for b in first]))
+            draw_rows = index.draw_rows[np.searchsorted(index.draws, first)]
+            indices.append(torch.from_numpy(draw_rows).to(device, non_blocking=True))
+        if masks:
+            apply_masks(logits, torch.cat([m.to(device) for m in masks]), torch.cat(indices))
+
+    def follow(self, req_ids: list[str], rows: np.ndarray, runs: list[list[int]],
+               verified: np.ndarray) -> list[tuple[int, int]]:
+        """Advance the grammar of each window under one (``rows`` [G] batch rows) by the run it
+        returns now (``runs``): a lossless one's (``verified`` [G] bool) was drawn under the
+        grammar's masks, which takes it whole; a plain one's is cut at its first fill the grammar
+        rejects. Returns each cut: (its index among ``rows``, the tokens kept), for the layout to
+        make that fill a mask again and plan the window anew (``WindowTable.reopen``)."""
+        cuts = []
+        for k, (row, run) in enumerate(zip(rows, runs, strict=True)):
+            if verified[k]:
+                self.follow_verified(req_ids[row], run)
+                continue
+            kept = self.accepted(req_ids[row], run)
+            if kept < len(run):
+                cuts.append((k, kept))
+        return cuts
 
     def forget(self, req_id: str) -> None:
         self._grammars.pop(req_id, None)

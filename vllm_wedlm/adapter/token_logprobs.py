@@ -136,7 +136,8 @@ class TokenLogprobs:
             draw_tokens = draw_tokens[torch.from_numpy(asks).to(device, non_blocking=True)].long()
         else:
             draw_tokens = after[:0]
-        tokens = torch.cat([sampled[lossless_rows, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0], draw_tokens])
+        tokens = torch.cat([sampled[lossless_rows, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0],
+                            draw_tokens])
         row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draws])  # [n]
         entries = (self.entries(raw_logits[read], tokens, chosen_ids(states, row_requests)) if num_rows
                    else self.no_entries())

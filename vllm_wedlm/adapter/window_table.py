@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_wedlm.core.batch import BatchPlan, WindowBatch
+from vllm_wedlm.core.batch import BatchPlan, WindowBatch, plan_windows, reopen
 from vllm_wedlm.core.params import WeDLMParams, selection_values
 
 
@@ -110,6 +110,18 @@ class WindowTable:
         self.windows.store(slots, windows)
         self.committed_len[slots] = committed_len
         self.order[slots] = order
+
+    def reopen(self, slots: torch.Tensor, at: torch.Tensor, window_size: torch.Tensor, committed_len: torch.Tensor,
+               max_model_len: int, host_slots: np.ndarray | None = None) -> None:
+        """Make the fill at ``at`` ([P]) of each window at ``slots`` ([P] int64, device) a mask again
+        (a grammar rejected it: ``core.batch.reopen``) and plan the window anew, of W ``window_size``
+        ([P]) after ``committed_len`` ([P]) tokens; the host half too where the layout keeps one
+        (``host_slots`` [P], the same slots on the host: one more device-to-host copy)."""
+        plan = plan_windows(reopen(self.windows.rows(slots), at, self.mask_id), window_size, committed_len,
+                            max_model_len)
+        self.keep(slots, plan.windows, plan.order, committed_len)
+        if host_slots is not None:
+            self.receive(host_slots, window_packet(plan).cpu().numpy(), committed_len.cpu().numpy())
 
     def start(self, slots: np.ndarray, plan: BatchPlan, committed_len: np.ndarray) -> None:
         """Keep ``plan`` ([P] windows, planned on the host) at ``slots`` ([P]), both halves."""
