@@ -27,7 +27,7 @@ FEATURE_MODULES = {
     "sampling": ("vllm.v1.sample", "vllm_wedlm.core.logit_edits"),
 }
 # The stages each layout calls instead: the log-prob stage, the grammar stage, the sampling settings.
-STAGE_CALLS = {"fill_rings", "returned", "mask_rows", "follow", "sampling_batch", "edited", "end_thinking"}
+STAGE_CALLS = {"fill_rings", "returned", "kinds", "mask_rows", "follow", "sampling_batch", "edited", "end_thinking"}
 
 
 def uses(source: str) -> tuple[set[str], set[str], set[str]]:

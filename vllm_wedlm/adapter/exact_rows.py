@@ -228,8 +228,8 @@ class ExactRows(RowLayout):
         (raw rows, edited rows, and [B] bool: plain windows with a grammar, lossless ones with a grammar,
         plain windows whose first slot the grammar masks)."""
         step, host = self.step, self.table.host
-        grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
-        masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
+        # [B] each: plain windows, lossless ones, first tokens under a grammar; plain ones it masks
+        grammar, verified_grammar, first_grammar, masked = self.runner.wedlm_grammars.kinds(step, states)
         follows = (masked | verified_grammar | first_grammar).any()
         if logits is not None and (self.grammar_output is not None or follows):
             index = self.step_index()

@@ -284,8 +284,8 @@ class FixedRows(RowLayout):
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
         draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
-        grammar, verified_grammar, first_grammar = self.grammar_kinds(states)  # [B] each: plain, lossless, first
-        masked = self.masked_windows(grammar)  # [B]: plain windows whose first slot the grammar masks
+        # [B] each: plain windows, lossless ones, first tokens under a grammar; plain ones it masks
+        grammar, verified_grammar, first_grammar, masked = self.runner.wedlm_grammars.kinds(step, states)
         follows = (masked | verified_grammar | first_grammar).any()
         if logits is not None and (self.grammar_output is not None or follows):
             self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, self.step_index(),

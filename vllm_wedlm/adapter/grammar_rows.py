@@ -48,7 +48,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import StepIndex
+    from vllm_wedlm.adapter.row_layout import RequestState, StepIndex, StepRows
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,21 @@ class WindowGrammars:
             if not reasoner.is_reasoning_end(list(prompt_token_ids)):
                 self._thinking[req_id] = (reasoner, list(prompt_token_ids))
 
+    def kinds(self, step: StepRows, states: list[RequestState]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                          np.ndarray]:
+        """[B] bool each, for the step's requests whose grammar the runner follows: plain windows
+        forwarded now, lossless ones, lossless requests drawing their first token, and of the plain
+        windows those whose first undecided slot the grammar masks and always fills: not those of
+        requests still reasoning, which decode as unconstrained windows until a run ends the
+        reasoning (the runner still follows their runs)."""
+        follows = np.fromiter((s.grammar for s in states), bool, len(states))
+        plain = follows & step.window & ~step.lossless
+        masked = plain
+        if plain.any():  # no request walk on a step without such a window
+            masked = plain & np.fromiter((req_id not in self._thinking for req_id in step.req_ids), bool,
+                                         len(step.req_ids))
+        return plain, follows & step.window & step.lossless, follows & step.first_token, masked
+
     def mask_rows(self, logits: torch.Tensor, grammar_output, req_ids: list[str], index: StepIndex,
                   rows: GrammarRows) -> None:
         """Mask ``logits`` [N, V] in place where the step's requests under a grammar draw: each
@@ -237,10 +252,6 @@ class WindowGrammars:
 
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._grammars
-
-    def reasoning(self, req_id: str) -> bool:
-        """Whether the request's grammar waits for its reasoning to end (it decodes unconstrained)."""
-        return req_id in self._thinking
 
     def masks(self, req_ids: list[str]) -> torch.Tensor:
         """[n, words] int32: the mask of the next token of each request (everything while it reasons

@@ -260,24 +260,6 @@ class RowLayout:
 
         return self.context_edits.apply(logits, states, row_requests, custom) if in_context else custom(logits)
 
-    def grammar_kinds(self, states: list[RequestState]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """[B] bool each, for the step's requests whose grammar the runner follows (``grammar_rows.py``):
-        plain windows forwarded now, lossless ones, and lossless requests drawing their first token."""
-        step = self.step
-        follows = np.fromiter((s.grammar for s in states), bool, len(states))
-        return (follows & step.window & ~step.lossless, follows & step.window & step.lossless,
-                follows & step.first_token)
-
-    def masked_windows(self, plain: np.ndarray) -> np.ndarray:
-        """[B] bool: of the plain windows under a grammar (``plain`` [B] bool), those whose first
-        undecided slot the grammar masks and always fills: not those of requests still reasoning,
-        which decode as unconstrained windows until a run ends the reasoning (``grammar_rows.py``;
-        the runner still follows their runs)."""
-        if not plain.any():
-            return plain  # no request walk on a step without such a window
-        grammars, req_ids = self.runner.wedlm_grammars, self.step.req_ids
-        return plain & np.fromiter((not grammars.reasoning(req_id) for req_id in req_ids), bool, len(req_ids))
-
     def end_thinking(self, logits: torch.Tensor | None,
                      next_token_rows: Callable[[], np.ndarray]) -> torch.Tensor | None:
         """``logits`` with vLLM's thinking budgets applied, after penalties as in vLLM's sampler: a
