@@ -37,7 +37,7 @@ from vllm_wedlm.adapter.custom_processors import custom_processors, refuse_on_fi
 from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
-from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify, plan_of
+from vllm_wedlm.adapter.protocol import RequestRecord, classify, plan_of
 from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
 from vllm_wedlm.adapter.vllm_contract import check_runner_attributes
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
@@ -163,14 +163,11 @@ class WeDLMRunnerMixin:
         state = self.wedlm_requests.get(req_id)
         if state is None:
             record = self.wedlm_records[req_id]
-            autoregressive = record.kind is RequestKind.AR
-            if not autoregressive and record.grammar:
+            if record.windowed and record.grammar:
                 sampling = self.requests[req_id].sampling_params
                 self.wedlm_grammars.add(req_id, sampling, self.requests[req_id].prompt_token_ids or [])
-            state = RequestState(slot=self.wedlm_table.allocate(), params=record.params,
-                                 autoregressive=autoregressive, grammar=req_id in self.wedlm_grammars,
-                                 edits=record.edits, min_p=record.min_p, context_edits=record.context_edits,
-                                 logprobs=record.logprobs, logprob_token_ids=record.logprob_token_ids)
+            state = RequestState(slot=self.wedlm_table.allocate(), record=record,
+                                 grammar=req_id in self.wedlm_grammars)
             self.wedlm_table.set_params(state.slot, state.params)
             self.wedlm_requests[req_id] = state
         return state

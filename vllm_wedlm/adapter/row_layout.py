@@ -26,7 +26,7 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
 from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom, edit_in_batch_order
-from vllm_wedlm.adapter.protocol import plan_of
+from vllm_wedlm.adapter.protocol import RequestRecord, plan_of
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
@@ -51,27 +51,50 @@ class RequestState:
     """
 
     slot: int
-    params: WeDLMParams
+    record: RequestRecord  # what the request asks (``protocol.classify``), read once
     has_window: bool = False  # a window is planned at ``slot`` (its input ids went out as drafts)
     # W of that window as planned (the adaptive window's choice; 0: a window of its leading run
     # alone, which draws its next token from the run's last row; -1: none planned yet).
     window_size: int = -1
-    # A request that asked for ``wedlm_decoding: "ar"``: no window. Each step forwards the tokens
-    # it has not forwarded yet (its prompt, then the token drawn last step) and draws the next
-    # token from the last row, as vLLM's own sampler does in --decoding ar.
-    autoregressive: bool = False
-    # The request's allowed_token_ids, logit_bias and min_tokens, applied to each of its logits rows (None: none).
-    edits: LogitEdits | None = None
-    min_p: float = 0.0  # vLLM's min_p, applied when a row is sampled
-    # Its penalties and bad words, which read the tokens before each row (None: none).
-    context_edits: ContextEdits | None = None
     # The runner's count of steps vLLM ran whole when its token history (context_edits.py) was
     # written: those steps record nothing, so a history older than one is written again.
     history_at: int | None = None
-    logprobs: bool = False  # asks for the log-probs of its tokens (token_logprobs.py)
-    logprob_token_ids: tuple[int, ...] | None = None  # ... of these token ids rather than the top K
     # Structured outputs decoded in windows: the runner follows its grammar (grammar_rows.WindowGrammars).
     grammar: bool = False
+
+    # What the layouts and stages read of the record.
+    @property
+    def params(self) -> WeDLMParams:
+        return self.record.params
+
+    @property
+    def autoregressive(self) -> bool:
+        """Decoded AR on this engine (``wedlm_decoding: "ar"``, or what only AR serves): no window.
+        Each step forwards the tokens it has not forwarded yet and draws the next token from the
+        last row, as vLLM's own sampler does in --decoding ar."""
+        return not self.record.windowed
+
+    @property
+    def edits(self) -> LogitEdits | None:
+        """allowed_token_ids, logit_bias and min_tokens, applied to each of its logits rows."""
+        return self.record.edits
+
+    @property
+    def min_p(self) -> float:
+        return self.record.min_p
+
+    @property
+    def context_edits(self) -> ContextEdits | None:
+        """Penalties and bad words, which read the tokens before each row."""
+        return self.record.context_edits
+
+    @property
+    def logprobs(self) -> bool:  # asks for the log-probs of its tokens (token_logprobs.py)
+        return self.record.logprobs
+
+    @property
+    def logprob_token_ids(self) -> tuple[int, ...] | None:  # ... of these token ids rather than the top K
+        return self.record.logprob_token_ids
 
 
 @dataclass
