@@ -26,8 +26,9 @@ FEATURE_MODULES = {
     "grammar": ("xgrammar", "vllm.v1.structured_output"),
     "sampling": ("vllm.v1.sample", "vllm_wedlm.core.logit_edits"),
 }
-# The stages each layout calls instead: the log-prob stage, the grammar stage, the sampling settings.
-STAGE_CALLS = {"fill_rings", "returned", "kinds", "mask_rows", "follow", "sampling_batch", "edited", "end_thinking"}
+# The stages each layout calls instead: the log-prob stage, the grammar stage and the edits before
+# the draws (``RowLayout.edited_rows``), the sampling settings, the grammar stage after them.
+STAGE_CALLS = {"fill_rings", "returned", "edited_rows", "sampling_batch", "follow"}
 
 
 def uses(source: str) -> tuple[set[str], set[str], set[str]]:

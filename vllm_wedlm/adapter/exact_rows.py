@@ -183,7 +183,7 @@ class ExactRows(RowLayout):
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         if not (step.window.any() or new.any() or resumed.any() or step.first_token.any()):
             return self.sample_draws(logits, states)
-        raw_logits, logits, grammar, verified_grammar, masked = self._edited_rows(logits, states)
+        raw_logits, logits, grammar, verified_grammar, masked = self.edited_rows(logits, states)
 
         # The windows forwarded now: this forward wrote the KV of each one's leading run (a
         # lossless window's first run of accepted fills, known below), which the next plan drops.
@@ -222,29 +222,13 @@ class ExactRows(RowLayout):
         # On the host: vLLM's bookkeeping reads it there (no device round trip).
         return SamplerOutput(sampled_token_ids=torch.from_numpy(sampled), logprobs_tensors=logprobs)
 
-    def _edited_rows(self, logits: torch.Tensor | None, states: list) -> tuple:
-        """The step's logits rows after the grammars' masks (in place: the raw rows log-probs read,
-        vLLM's default) and after each request's edits and the thinking budget (a float32 copy):
-        (raw rows, edited rows, and [B] bool: plain windows with a grammar, lossless ones with a grammar,
-        plain windows whose first slot the grammar masks)."""
+    def grammar_rows(self, plain: np.ndarray, verified: np.ndarray, first: np.ndarray) -> GrammarRows:
+        """A window's masks follow its checks; a lossless one's checks are its leading run, on the host."""
         step, host = self.step, self.table.host
-        # [B] each: plain windows, lossless ones, first tokens under a grammar; plain ones it masks
-        grammar, verified_grammar, first_grammar, masked = self.runner.wedlm_grammars.kinds(step, states)
-        follows = (masked | verified_grammar | first_grammar).any()
-        if logits is not None and (self.grammar_output is not None or follows):
-            index = self.step_index()
-            plain = np.flatnonzero(masked & (step.num_logits > step.num_checks))  # [G], with a mask row
-            lossless = np.flatnonzero(verified_grammar)
-            # A window's masks follow its checks; a lossless one's checks are its leading run.
-            rows = GrammarRows(plain, first_logits_rows(step)[plain] + step.num_checks[plain], None, lossless,
-                               [host.input_ids[step.slots[b], : step.num_checks[b]].tolist() for b in lossless],
-                               first_grammar)
-            self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, index, rows)
-        raw_logits = logits  # [N, V]
-        if logits is not None:  # rows grouped by request, step.num_logits each
-            logits = self.edited(logits, states, np.repeat(np.arange(len(step.req_ids)), step.num_logits))
-        logits = self.end_thinking(logits, lambda: first_logits_rows(step)[step.ar_next])
-        return raw_logits, logits, grammar, verified_grammar, masked
+        plain = np.flatnonzero(plain & (step.num_logits > step.num_checks))  # [G], with a mask row
+        lossless = np.flatnonzero(verified)
+        return GrammarRows(plain, first_logits_rows(step)[plain] + step.num_checks[plain], None, lossless,
+                           [host.input_ids[step.slots[b], : step.num_checks[b]].tolist() for b in lossless], first)
 
     def _plan_next_windows(self, logits: torch.Tensor | None, tokens: torch.Tensor | None, row_kind: np.ndarray | None,
                            new: np.ndarray, moved: np.ndarray, masked: np.ndarray, plain: bool,
@@ -369,14 +353,8 @@ class ExactRows(RowLayout):
         draws = step.ar_next  # [B]
         rows = np.flatnonzero(draws)  # [Ba] batch rows, one logits row each
         tokens = None  # [Ba]
-        raw_logits = logits  # [Ba, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
-        if len(rows):
-            if self.grammar_output is not None:  # AR requests' rows: only vLLM's masks
-                self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, self.step_index(),
-                                                     GrammarRows.none(len(step.req_ids)))
-            logits = self.edited(logits, states, rows)
-        # Every step, as the general path: vLLM's budget state follows the batch's output lists.
-        logits = self.end_thinking(logits, lambda: np.arange(len(rows)))
+        # The rows' grammars (vLLM's masks: no window here), edits and thinking budgets, as the general path.
+        raw_logits, logits, *_ = self.edited_rows(logits, states)
         if len(rows):
             counts = draws.astype(np.int64)
             tokens = sample(logits, self.sampling_batch(counts, counts), self.mask_id)
@@ -424,7 +402,8 @@ class ExactRows(RowLayout):
         first_row = first_logits_rows(step)  # [B]
         lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
         draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
-        return StepIndex(step.slots, lossless, first_row[lossless], draws, first_row[draws], step.first_token)
+        return StepIndex(step.slots, lossless, first_row[lossless], draws, first_row[draws], step.first_token,
+                         np.repeat(np.arange(len(step.req_ids)), step.num_logits))
 
     def follow_grammars(self, plain: np.ndarray, verified: np.ndarray, plan_slots: np.ndarray, sizes: np.ndarray,
                         lossless_runs: np.ndarray, commit: np.ndarray) -> None:

@@ -284,16 +284,7 @@ class FixedRows(RowLayout):
         sampled = None  # [Bw, width] int32: what each window returns now
         num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
         draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
-        # [B] each: plain windows, lossless ones, first tokens under a grammar; plain ones it masks
-        grammar, verified_grammar, first_grammar, masked = self.runner.wedlm_grammars.kinds(step, states)
-        follows = (masked | verified_grammar | first_grammar).any()
-        if logits is not None and (self.grammar_output is not None or follows):
-            self.runner.wedlm_grammars.mask_rows(logits, self.grammar_output, step.req_ids, self.step_index(),
-                                                 self.grammar_rows(masked, verified_grammar, first_grammar))
-        raw_logits = logits  # [N, V]: the log-probs a request asks for are the raw rows' (vLLM's default)
-        if logits is not None:
-            logits = self.edited(logits, states, np.concatenate([np.repeat(window_rows, rows_per_window), draw_rows]))
-        logits = self.end_thinking(logits, lambda: num_window_logits + np.flatnonzero(step.ar_next[draw_rows]))
+        raw_logits, logits, grammar, verified_grammar, masked = self.edited_rows(logits, states)
         if step.window.any():
             w_slots, run, start, rows, full, w_lossless = self.forwarded
             runner.wedlm_request_forwards += len(window_rows)
@@ -514,7 +505,8 @@ class FixedRows(RowLayout):
         lossless = np.flatnonzero(step.window & step.lossless)  # [Bl]
         draws = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]
         return StepIndex(step.slots, lossless, np.searchsorted(window_rows, lossless) * rows_per_window, draws,
-                         len(window_rows) * rows_per_window + np.arange(len(draws)), step.first_token)
+                         len(window_rows) * rows_per_window + np.arange(len(draws)), step.first_token,
+                         np.concatenate([np.repeat(window_rows, rows_per_window), draws]))
 
     def start_after_prefill(self, step: StepRows, new: np.ndarray, resumed: np.ndarray, sampled: torch.Tensor,
                             first_tokens: torch.Tensor | None) -> None:

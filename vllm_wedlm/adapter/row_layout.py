@@ -36,6 +36,8 @@ from vllm_wedlm.core.sampling import SamplingBatch
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
+    from vllm_wedlm.adapter.grammar_rows import GrammarRows
+
 
 @dataclass
 class RequestState:
@@ -137,6 +139,7 @@ class StepIndex:
     draws: np.ndarray
     draw_rows: np.ndarray
     first_token: np.ndarray  # [B] bool: the draws that are a new lossless request's first token
+    row_requests: np.ndarray  # [N] int64: each logits row's batch row
 
     def ar_draws(self) -> tuple[np.ndarray, np.ndarray]:
         """The draws of AR-decoded requests: ([Ba] batch rows, [Ba] logits rows)."""
@@ -257,6 +260,34 @@ class RowLayout:
         has_window = np.fromiter((s.has_window for s in states), bool, len(states))
         windowed = step.completes_prefill & ~step.autoregressive & ~step.ar_next
         return states, windowed & ~has_window, windowed & has_window
+
+    def step_index(self) -> StepIndex:
+        """Where this layout placed the step's logits rows (``StepIndex``)."""
+        raise NotImplementedError
+
+    def grammar_rows(self, plain: np.ndarray, verified: np.ndarray, first: np.ndarray) -> GrammarRows:
+        """Where the step's windows under a grammar draw (``grammar_rows.GrammarRows``): the first mask
+        of each ``plain`` window ([B] bool), the checks of each ``verified`` (lossless) one, and the
+        ``first`` ([B] bool) lossless requests' first-token rows."""
+        raise NotImplementedError
+
+    def edited_rows(self, logits: torch.Tensor | None, states: list[RequestState]) -> tuple:
+        """The step's logits rows ([N, V]) before the draws: masked by the grammar stage (in place: the
+        raw rows, which log-probs read, vLLM's default), then edited by each request's edits and the
+        thinking budget (a float32 copy). Returns (raw rows, edited rows, and [B] bool: plain windows
+        under a grammar, lossless ones, plain ones whose first slot the grammar masks)."""
+        step, grammars = self.step, self.runner.wedlm_grammars
+        index = self.step_index()
+        # [B] each: plain windows, lossless ones, first tokens under a grammar; plain ones it masks
+        plain, verified, first, masked = grammars.kinds(step, states)
+        if logits is not None and (self.grammar_output is not None or (masked | verified | first).any()):
+            grammars.mask_rows(logits, self.grammar_output, step.req_ids, index,
+                               self.grammar_rows(masked, verified, first))
+        raw_logits = logits
+        if logits is not None and len(index.row_requests):
+            logits = self.edited(logits, states, index.row_requests)
+        logits = self.end_thinking(logits, lambda: index.ar_draws()[1])
+        return raw_logits, logits, plain, verified, masked
 
     def edited(self, logits: torch.Tensor, states: list[RequestState], row_requests: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V] with each request's allowed tokens, logit bias and min_tokens applied to
