@@ -268,101 +268,126 @@ class FixedRows(RowLayout):
         a preempted request's after its re-prefill) into the table, and return what each window
         returns now (``fixed_rows_window_step``), padded with -1, as the step's sampled tokens (a
         device tensor); an AR-decoded request's draw is its first column."""
-        runner, step, table, mask_id = self.runner, self.step, self.table, self.mask_id
-        num_reqs = len(step.req_ids)
+        step = self.step
         states, new, resumed = self.prompt_ends(step)  # [B] bool each: first window; after preemption
         # A window of W 0 re-prefilled after a preemption draws from its last row now (``first_token``)
         # and starts afresh with that draw, as a new lossless window does.
         redrawn = resumed & step.first_token
         new, resumed = new | redrawn, resumed & ~redrawn
-        runner.wedlm_request_forwards += int(redrawn.sum())  # the W 0 window's forward, which draws
+        self.runner.wedlm_request_forwards += int(redrawn.sum())  # the W 0 window's forward, which draws
         self.redrawn += int(redrawn.sum())
         wants = np.fromiter((state.logprobs for state in states), bool, len(states))  # [B]: log-probs asked
-        window_rows = np.flatnonzero(step.window)  # [Bw]
-        rows_per_window = self.rows_per_window  # prepare's R
-        width = max(2, rows_per_window)
-        sampled = None  # [Bw, width] int32: what each window returns now
-        num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
-        draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
         raw_logits, logits, grammar, verified_grammar, masked = self.edited_rows(logits, states)
-        if step.window.any():
-            w_slots, run, start, rows, full, w_lossless = self.forwarded
-            runner.wedlm_request_forwards += len(window_rows)
-            window_logits = logits[:num_window_logits]
-            sampling = self.sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(num_reqs, np.int64))
-            tokens = None  # greedy: drawn inside the step
-            plain_logprobs = wants & ~step.lossless  # [B]: plain windows whose fills' log-probs are kept
-            if sampling.temperature is not None or plain_logprobs[window_rows].any():
-                if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
-                    ban = ~check_rows(w_lossless, run, rows_per_window).flatten()  # [Bw * R]
-                    sampling = dataclasses.replace(sampling, ban_mask_token=ban)
-                tokens = sample(window_logits, sampling, mask_id)
-            if plain_logprobs[window_rows].any():
-                self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window,
-                                 states)
-            zero = self.zero_windows
-            if zero is None or not zero[0].all():  # windows with masks: the window step
-                runner.wedlm_window_step_runs["steps"] += 1
-                arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
-                             table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len,
-                             mask_id, rows_per_window, w_lossless)
-                if masked.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
-                    fill_first = torch.from_numpy(masked[window_rows]).to(self.device, non_blocking=True)  # [Bw]
-                    *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
-                else:
-                    *windows, order, committed_len, sampled, void = self.window_step(*arguments)
-                table.keep(w_slots, WindowBatch(*windows), order, committed_len)
-                if not full:  # some windows got fewer than 2W rows: count the void ones (no host sync)
-                    self.void_windows = self.void_windows + void.sum()
-            if zero is not None:  # after the window step, whose plans of these windows they replace
-                sampled = self.step_zero_windows(zero[0], window_logits, rows_per_window, sampled, width)
+        sampled = self._step_windows(raw_logits, logits, wants, masked, states)  # [Bw, width] or None
         drawn = None  # [Bd]: the draws' tokens, in batch order
-        if len(window_rows) < num_reqs or sampled is None:  # not every request forwarded a window
-            every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
-            ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
-            index = torch.from_numpy(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]])).to(
-                self.device, non_blocking=True)
-            if sampled is not None:
-                every[index[: len(window_rows)]] = sampled
-            first_tokens = None
-            if len(draw_rows):
-                # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
-                draws = (step.ar_next | step.first_token).astype(np.int64)
-                drawn = sample(logits[num_window_logits:], self.sampling_batch(draws, draws), mask_id)  # [Bd]
-                is_ar = step.ar_next[draw_rows]  # [Bd]
-                if is_ar.all():
-                    ar_drawn = drawn
-                else:
-                    ar_drawn = self.rows(drawn, is_ar)
-                    first_tokens = self.rows(drawn, ~is_ar)  # [new lossless], in batch order
-                if len(ar_rows):
-                    every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = ar_drawn.to(torch.int32)
-                    self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
-            sampled = every
-            self.start_after_prefill(step, new, resumed, sampled, first_tokens)
+        if not step.window.all() or sampled is None:  # not every request forwarded a window
+            sampled, drawn = self._draw_and_start(logits, sampled, new, resumed)
         if (grammar | verified_grammar).any():
             self.follow_grammars(sampled, grammar, verified_grammar)
         logprobs = None
         if wants.any():
             logprobs = self.returned_logprobs(raw_logits, sampled, drawn, new | resumed, states)
-        self.spans = None
-        if self.settings.adaptive_window:
-            # The spans of the plain windows the window step planned; a window of W 0 plans its next
-            # window with its draw alone, W slots after it, which is the scheduler's own bound, and a
-            # lossless window's rows are 2W whatever its span.
-            stepped = ~step.lossless[window_rows]  # [Bw]
-            if self.zero_windows is not None:
-                stepped &= ~self.zero_windows[0]
-            stepped = np.flatnonzero(stepped)
-            if len(stepped):
-                self.spans = ([step.req_ids[window_rows[i]] for i in stepped],
-                              self.window_spans(sampled, window_rows, stepped))
+        self.spans = self._planned_spans(sampled) if self.settings.adaptive_window else None
         planned_afresh = np.flatnonzero(step.window | new)  # [P - resumed] batch rows
         for row in planned_afresh:
             states[row].has_window = True
             states[row].window_size = int(step.window_sizes[row])
         self.trace(step.req_ids, planned_afresh, step.window_sizes)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs)
+
+    def _step_windows(self, raw_logits: torch.Tensor | None, logits: torch.Tensor | None, wants: np.ndarray,
+                      masked: np.ndarray, states: list) -> torch.Tensor | None:
+        """Finish the forwarded windows from their R rows each (the window step, and the windows of
+        W 0 apart) and keep their next windows in the table; what each returns now ([Bw, width]
+        int32, device), or None without windows. ``wants`` [B]: requests that ask for log-probs;
+        ``masked`` [B]: plain windows whose first slot a grammar masks (filled whatever its entropy)."""
+        step, table, runner, rows_per_window = self.step, self.table, self.runner, self.rows_per_window
+        if not step.window.any():
+            return None
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        num_window_logits = len(window_rows) * rows_per_window  # the first logits rows; then the draws' rows
+        w_slots, run, start, rows, full, w_lossless = self.forwarded
+        runner.wedlm_request_forwards += len(window_rows)
+        window_logits = logits[:num_window_logits]
+        sampling = self.sampling_batch(np.where(step.window, rows_per_window, 0), np.zeros(len(step.req_ids), np.int64))
+        tokens = None  # greedy: drawn inside the step
+        plain_logprobs = wants & ~step.lossless  # [B]: plain windows whose fills' log-probs are kept
+        if sampling.temperature is not None or plain_logprobs[window_rows].any():
+            if w_lossless is not None:  # a lossless window's leading-run rows are AR rows: no mask ban
+                ban = ~check_rows(w_lossless, run, rows_per_window).flatten()  # [Bw * R]
+                sampling = dataclasses.replace(sampling, ban_mask_token=ban)
+            tokens = sample(window_logits, sampling, self.mask_id)
+        if plain_logprobs[window_rows].any():
+            self.write_fills(raw_logits[:num_window_logits], tokens, plain_logprobs[window_rows], rows_per_window,
+                             states)
+        sampled = None
+        zero = self.zero_windows
+        if zero is None or not zero[0].all():  # windows with masks: the window step
+            runner.wedlm_window_step_runs["steps"] += 1
+            arguments = (table.windows, table.order, w_slots, window_logits, tokens, run, start, rows,
+                         table.entropy_threshold, table.pos_penalty, self.window_sizes, self.max_model_len,
+                         self.mask_id, rows_per_window, w_lossless)
+            if masked.any():  # a grammar's first mask is filled whatever its entropy: not the compiled step
+                fill_first = self.on_device(masked[window_rows])  # [Bw]
+                *windows, order, committed_len, sampled, void = fixed_rows_window_step(*arguments, fill_first)
+            else:
+                *windows, order, committed_len, sampled, void = self.window_step(*arguments)
+            table.keep(w_slots, WindowBatch(*windows), order, committed_len)
+            if not full:  # some windows got fewer than 2W rows: count the void ones (no host sync)
+                self.void_windows = self.void_windows + void.sum()
+        if zero is not None:  # after the window step, whose plans of these windows they replace
+            sampled = self.step_zero_windows(zero[0], window_logits, rows_per_window, sampled,
+                                             max(2, rows_per_window))
+        return sampled
+
+    def _draw_and_start(self, logits: torch.Tensor | None, sampled: torch.Tensor | None, new: np.ndarray,
+                        resumed: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """In a step where not every request forwarded a window: draw each next token from its row
+        after the windows' (an AR-decoded request's, returned now and kept for its next input; a new
+        lossless request's, its window's slot 0), then plan the windows of the ``new`` and ``resumed``
+        ([B] bool) requests. Returns every request's returned tokens ([B, width], the windows'
+        ``sampled`` among them) and the draws ([Bd], batch order, or None)."""
+        step, rows_per_window = self.step, self.rows_per_window
+        num_reqs, width = len(step.req_ids), max(2, rows_per_window)
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        draw_rows = np.flatnonzero(step.ar_next | step.first_token)  # [Bd]: a row each, after the windows'
+        every = torch.full((num_reqs, width), -1, dtype=torch.int32, device=self.device)
+        ar_rows = np.flatnonzero(step.ar_next)  # [Ba]
+        index = self.on_device(np.concatenate([window_rows, ar_rows, step.slots[ar_rows]]))
+        if sampled is not None:
+            every[index[: len(window_rows)]] = sampled
+        drawn = first_tokens = None
+        if len(draw_rows):
+            # Each next token from its request's last row (no mask ban), as vLLM's sampler draws it.
+            draws = (step.ar_next | step.first_token).astype(np.int64)
+            drawn = sample(logits[len(window_rows) * rows_per_window:], self.sampling_batch(draws, draws),
+                           self.mask_id)  # [Bd]
+            is_ar = step.ar_next[draw_rows]  # [Bd]
+            if is_ar.all():
+                ar_drawn = drawn
+            else:
+                ar_drawn = self.rows(drawn, is_ar)
+                first_tokens = self.rows(drawn, ~is_ar)  # [new lossless], in batch order
+            if len(ar_rows):
+                every[index[len(window_rows): len(window_rows) + len(ar_rows)], 0] = ar_drawn.to(torch.int32)
+                self.ar_draws[index[len(window_rows) + len(ar_rows):]] = ar_drawn
+        self.start_after_prefill(step, new, resumed, every, first_tokens)
+        return every, drawn
+
+    def _planned_spans(self, sampled: torch.Tensor) -> tuple[list[str], torch.Tensor] | None:
+        """For the scheduler (adaptive window): the spans of the plain windows the window step planned
+        (``window_spans``), by request id; a window of W 0 plans its next window with its draw alone,
+        W slots after it, which is the scheduler's own bound, and a lossless window's rows are 2W
+        whatever its span."""
+        step = self.step
+        window_rows = np.flatnonzero(step.window)  # [Bw]
+        stepped = ~step.lossless[window_rows]  # [Bw]
+        if self.zero_windows is not None:
+            stepped &= ~self.zero_windows[0]
+        stepped = np.flatnonzero(stepped)
+        if not len(stepped):
+            return None
+        return [step.req_ids[window_rows[i]] for i in stepped], self.window_spans(sampled, window_rows, stepped)
 
     def window_spans(self, sampled: torch.Tensor, window_rows: np.ndarray, among: np.ndarray) -> torch.Tensor:
         """[k] int32 device: how many slots follow the leading run of the window the step planned for
