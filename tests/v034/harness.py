@@ -29,7 +29,6 @@ import torch
 import torch.nn as nn
 from vllm.config import CacheConfig, DiffusionConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.diffusion_scheduler import diffusion_canvas_width
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
@@ -210,12 +209,13 @@ class StepHarness:
         num_scheduled = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
         num_drafts = np.array([len(drafts.get(r, ())) for r in req_ids], dtype=np.int32)
         # A canvas is whole (its request's width), or cut where max_model_len ends the window anyway
-        # (WeDLMModelState).
+        # (WeDLMModelState), or a prompt of one token's first: that token's row alone, as vLLM
+        # schedules a new request (scheduler.py).
         max_model_len = self.config.model_config.max_model_len
         for r, n in zip(req_ids, num_drafts, strict=True):
             request = self.scheduler.requests[r]
-            whole = min(diffusion_canvas_width(request, self.canvas), self.canvas)
-            assert n in (0, whole) or request.num_tokens + n == max_model_len
+            whole = self.scheduler.canvas_width(request)
+            assert n in (0, whole) or request.num_tokens + n >= max_model_len or n == request.num_tokens == 1
         idx_np = np.array([rs.req_id_to_index[r] for r in req_ids], dtype=np.intp)
         idx_mapping = torch.from_numpy(idx_np).to(torch.int64)
         num_tokens = int(num_scheduled.sum())

@@ -43,7 +43,13 @@ def outputs(monkeypatch_module) -> dict[str, object]:
     prompts = [chat_prompt(tokenizer, t) for t in tasks]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP)
     results = llm.generate(prompts, params, use_tqdm=False)
-    return {"prompts": [tokenizer(p)["input_ids"] for p in prompts], "results": results, "forwards": forwards}
+    plain_forwards = list(forwards)
+    # A lossless and a per-request AR request beside plain ones, in one batch.
+    kinds = [{"wedlm_lossless": True}, {"wedlm_decoding": "ar"}, None, None]
+    mixed = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP,
+                                                  extra_args=extra) for extra in kinds], use_tqdm=False)
+    return {"prompts": [tokenizer(p)["input_ids"] for p in prompts], "results": results, "forwards": plain_forwards,
+            "mixed": mixed}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +67,22 @@ def test_the_real_engine_decodes_windows_as_the_reference(outputs):
         tokens += len(expected.token_ids)
     windows = sum(outputs["forwards"])  # request-forwards with a window
     assert 0 < windows < tokens / 4, (windows, tokens)  # several tokens committed per window forward
+
+
+def test_lossless_and_per_request_ar_requests_give_ar_tokens_in_the_real_engine(outputs):
+    import torch
+
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    for prompt, result in zip(outputs["prompts"][:2], outputs["mixed"][:2], strict=True):
+        tokens = list(prompt)
+        with torch.no_grad():  # AR decoding, greedy, the whole sequence each step
+            for _ in range(MAX_TOKENS):
+                tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
+                if tokens[-1] in STOP:
+                    break
+        assert list(result.outputs[0].token_ids) == tokens[len(prompt):]
+    assert [r.outputs[0].token_ids for r in outputs["mixed"][2:]] == [r.outputs[0].token_ids
+                                                                       for r in outputs["results"][2:]]
 
 
 def test_the_plugin_entry_point_registers_the_v2_binding_on_this_vllm(outputs):

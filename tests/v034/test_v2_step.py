@@ -136,3 +136,72 @@ def test_each_request_keeps_its_own_knobs_in_one_batch(prompts, reference):
         expected = reference.generate(prompt, StopRule(max_tokens=40, stop_token_ids=STOP), params=own)
         assert_same_as_reference(harness, req_id, expected)
     assert max(harness.trace.runs["one-a-step"]) == 1 < max(harness.trace.runs["fill-all"])
+
+
+def greedy_ar(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """What AR decoding gives (greedy, the whole sequence each step), to the first stop token."""
+    import torch
+
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            token = int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax())
+            tokens.append(token)
+            if token in STOP:
+                break
+    return tokens[len(prompt):]
+
+
+def kind(name: str, max_tokens: int) -> SamplingParams:
+    extra = {"plain": None, "lossless": {"wedlm_lossless": True}, "ar": {"wedlm_decoding": "ar"}}[name]
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=sorted(STOP), extra_args=extra)
+
+
+@pytest.mark.parametrize("num_blocks", [256, 12], ids=["roomy", "preempting"])
+def test_lossless_and_per_request_ar_requests_give_ar_tokens_beside_plain_ones(prompts, reference, num_blocks):
+    """A lossless request (its fills verified against its AR rows) and a per-request AR one (a lossless
+    window of one row) give exactly AR's tokens, in one batch with plain requests, which still give
+    the reference's; with a KV cache too small for the batch too (vLLM preempts and resumes them).
+    Each keeps its next token unforwarded: its prefill stops one token short, and the prompt's last
+    row draws the first output token in the first canvas."""
+    from vllm_wedlm.core import WeDLMParams
+
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=num_blocks)
+    requests = {"plain-0": ("plain", 40), "lossless-1": ("lossless", 64), "ar-2": ("ar", 24),
+                "lossless-3": ("lossless", 40), "ar-4": ("ar", 40), "plain-5": ("plain", 64)}
+    for (req_id, (name, n)), prompt in zip(requests.items(), prompts, strict=True):
+        harness.add(req_id, prompt, kind(name, n))
+    harness.run()
+    if num_blocks == 12:
+        assert harness.trace.preemptions >= 2
+        assert harness.state.table.num_resumed == harness.trace.preemptions  # each back to its window
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    for (req_id, (name, n)), prompt in zip(requests.items(), prompts, strict=True):
+        stop = StopRule(max_tokens=n, stop_token_ids=STOP)
+        if name == "plain":
+            assert_same_as_reference(harness, req_id, reference.generate(prompt, stop))
+            continue
+        expected = greedy_ar(model, prompt, n)
+        assert harness.finished[req_id].token_ids == expected, req_id
+        runs = harness.trace.runs[req_id]
+        if name == "ar":  # one token a forward, the first from the prompt's last row
+            assert set(runs) == {1} and len(runs) == len(expected), runs
+        else:  # several tokens a forward where the fills pass, as the reference's lossless runs
+            lossless = reference.generate(prompt, stop, params=WeDLMParams(lossless=True))
+            assert lossless.token_ids == expected
+            # (the last run may pass the stop, which ends the request there)
+            assert max(runs) > 1 and sum(runs[:-1]) < len(expected) <= sum(runs), runs
+
+
+def test_a_prompt_of_one_token_starts_with_its_canvas(prompts):
+    """A lossless or per-request AR request whose prompt is one token has nothing to prefill before
+    its unforwarded token: its first step is a canvas of that token's row, which draws AR's first
+    token."""
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4)
+    prompt = prompts[0][:1]
+    harness.add("lossless", prompt, kind("lossless", 16))
+    harness.add("ar", prompt, kind("ar", 16))
+    harness.run()
+    expected = greedy_ar(load_transformers_model(MICRO_CHECKPOINT), prompt, 16)
+    assert harness.finished["lossless"].token_ids == harness.finished["ar"].token_ids == expected
+    assert harness.trace.runs["ar"][0] == 1  # its first forward drew a token

@@ -10,11 +10,13 @@ vLLM 0.34's V2 classes, so they are imported only where vLLM 0.34 is installed:
 * ``sampler.py``: ``WeDLMSampler``, which runs ``core`` (select, fill, commit) in place of vLLM's
   sampler and reports each window's committed run as the step's sampled tokens;
 * ``scheduler.py``: ``WeDLMScheduler``, vLLM's ``DiffusionScheduler`` for a model that is not
-  marked ``is_diffusion``: no bonus token, and a canvas of placeholders for every window;
+  marked ``is_diffusion``: no bonus token, a canvas of placeholders for every window, and a request
+  that draws from AR rows kept one token short (its next token is its canvas's first row);
 * ``model.py`` / ``registration.py``: the model class that names the state, and what the plugin
   registers with vLLM 0.34.
 
 A window's forward is a canvas of a fixed 2 W rows (``canvas_width``): its committed run, at most
 W, then W undecided slots, then padding rows, which causal attention keeps from the others.
-This slice runs plain WeDLM, greedy, at a fixed W, under synchronous scheduling.
+It runs plain WeDLM, lossless and per-request AR (a lossless window of one row), greedy, at a fixed
+W, under synchronous scheduling.
 """

@@ -11,10 +11,15 @@ its rows are logits rows and a prefill has none. ``prepare_inputs`` writes the w
 rows in physical order (filled slots first, then masks, then padding) and returns their logical
 RoPE positions; the KV slot of a row stays its physical one (vLLM computed the slot mappings from
 its own sequential positions before this hook), so the committed run's KV is exact.
+
+A lossless window (and a per-request AR request's, a lossless window of one row) starts one token
+earlier: its slot 0 is its unforwarded next token (the prompt's last, at first: ``scheduler.py``),
+whose row draws what follows, and it keeps one slot past its canvas for that draw.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -27,10 +32,11 @@ from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.states import RequestState
 
-from vllm_wedlm.adapter.protocol import RequestRecord, classify
+from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core.batch import plan_windows
 from vllm_wedlm.v2.sampler import WeDLMSampler
+from vllm_wedlm.v2.scheduler import draws_from_ar_rows
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
 
 
@@ -61,12 +67,19 @@ class WeDLMModelState(DefaultModelState):
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
-        # Its kind, knobs and per-row asks, read once (the V1 binding's ``classify``). This slice
-        # decodes plain windows only: lossless and AR requests need the prompt's last logits row, and
-        # a front end that refuses them comes with the binding's registration (docs/vllm-upgrade.md).
+        # Its kind, knobs and per-row asks, read once (the V1 binding's ``classify``).
         record = self.records[new_req_data.req_id] = classify(new_req_data.sampling_params, self.settings)
-        self.table.add(req_index, new_req_data.req_id, len(new_req_data.prefill_token_ids),
-                       self.requested_window_size(new_req_data.sampling_params), record.params)
+        tokens = new_req_data.prefill_token_ids
+        if draws_from_ar_rows(record):
+            # Its last token stays unforwarded, its window's slot 0 (``scheduler.py``): a per-request
+            # AR request is a lossless window of one row.
+            params = dataclasses.replace(record.params, lossless=True)
+            window_size = (1 if record.kind is RequestKind.AR
+                           else self.requested_window_size(new_req_data.sampling_params))
+            self.table.add(req_index, new_req_data.req_id, len(tokens) - 1, window_size, params, tokens[-1])
+        else:
+            self.table.add(req_index, new_req_data.req_id, len(tokens),
+                           self.requested_window_size(new_req_data.sampling_params), record.params)
 
     def requested_window_size(self, params: Any) -> int:
         """W of a request whose ``diffusion_canvas_length`` (the scheduler's canvas, at most the
@@ -100,13 +113,16 @@ class WeDLMModelState(DefaultModelState):
         # max_model_len, where the window ends too; running requests
         # are scheduled first, so max_num_batched_tokens >= max_num_seqs * 2 W keeps the token
         # budget from cutting one (a cut window would lose the rows of its last slots).
-        plan = plan_windows(self.table.windows.rows(slots), self.table.window_size_of[slots], committed,
-                            committed + width)
+        lossless = self.table.lossless[slots]  # [B]
+        # A lossless window keeps a slot past its canvas for the token its run's last row draws (a
+        # window of one row has no other); slots never reach max_model_len.
+        limit = torch.clamp(committed + width + lossless.long(), max=self.max_model_len)
+        plan = plan_windows(self.table.windows.rows(slots), self.table.window_size_of[slots], committed, limit)
         rows = torch.arange(canvas_width(self.window_size), device=self.device)[None] < width[:, None]  # [B, C]
         sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
         positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
-        self.step = WindowStep(batch_index, slots, plan, rows)
+        self.step = WindowStep(batch_index, slots, plan, rows, lossless)
         return {"positions": positions}
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:

@@ -5,6 +5,8 @@ token for each row, fills the chosen masks of each window, drops its committed r
 next window in the table. The committed run (the leading filled slots the forward just wrote the
 exact KV of) is what the step reports as sampled: ``post_update`` appends those tokens and advances
 the request by their count, since every other canvas row counts as rejected. A prefill samples none.
+A lossless window's run is verified against its own rows' draws first (greedy: a fill stands where
+its row before drew it); it reports the fills it accepted and the token its run's last row drew.
 
 vLLM's own sampler keeps its per-request state (the runner adds requests to it and reads its
 penalty counts), so this one wraps it and forwards those calls.
@@ -19,7 +21,7 @@ import torch
 from vllm.v1.worker.gpu.input_batch import InputBatch, get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
-from vllm_wedlm.core.batch import fill_masks, slots_of_rows
+from vllm_wedlm.core.batch import dense_drafts, fill_masks, leading_filled, slots_of_rows, verify_dense
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
@@ -47,25 +49,41 @@ class WeDLMSampler:
         num_sampled = torch.zeros(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
         step = self.current_step()
         if step is not None:
-            sampled[step.batch_index] = step.plan.windows.tokens  # the committed runs lead
-            num_sampled[step.batch_index] = step.plan.num_commit.to(torch.int32)
-            self._finish_windows(logits, step)
+            tokens, count = self._finish_windows(logits, step)
+            sampled[step.batch_index] = tokens
+            num_sampled[step.batch_index] = count.to(torch.int32)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             num_sampled, input_batch.seq_lens, input_batch.cu_num_logits, input_batch.idx_mapping,
             self.req_states.prefill_len.gpu)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
 
-    def _finish_windows(self, logits: torch.Tensor, step: WindowStep) -> None:
-        """Fill the chosen masks of the step's windows from their own rows' draws, drop the
-        committed runs, and keep the next windows in the table."""
+    def _finish_windows(self, logits: torch.Tensor, step: WindowStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Verify the lossless windows' runs, fill the chosen masks of the step's windows from their
+        own rows' draws, drop the committed runs, and keep the next windows in the table. Returns
+        what each window reports now ([B, C] tokens, [B] how many): a plain window its committed
+        run, whose KV this forward wrote; a lossless one the fills it accepted after its slot 0 (a
+        token it reported before) and the token its run's last row drew, its next slot 0."""
         plan, mask_id = step.plan, self.table.mask_id
         entropy = torch.zeros(step.rows.shape, dtype=torch.float32, device=logits.device)  # [B, C] per row
         drawn = torch.zeros(step.rows.shape, dtype=torch.int64, device=logits.device)
         entropy[step.rows] = row_entropy(logits)
         drawn[step.rows] = sample(logits, _GREEDY, mask_id)
         first_row = torch.zeros_like(plan.num_commit)
+        drawn = slots_of_rows(drawn, plan.order, first_row)  # [B, C] per slot: the draw of its row
+        verified, num_commit = None, plan.num_commit
+        if step.lossless.any():
+            # Row j of a lossless window's leading run checks slot j + 1 (a fill): accepted where
+            # its draw is that fill (greedy); the run's last row draws the next token.
+            checks = torch.where(step.lossless, leading_filled(plan.windows.filled), 0)  # [B]
+            accept = drawn == dense_drafts(plan.windows.tokens, checks)
+            verified, num_commit = verify_dense(plan.windows, checks, accept, drawn,
+                                                self.table.window_size_of[step.slots], mask_id)
         tau, lam = self.table.entropy_threshold[step.slots], self.table.pos_penalty[step.slots]  # [B] each
-        windows = fill_masks(plan.windows, plan.num_commit, slots_of_rows(entropy, plan.order, first_row),
-                             slots_of_rows(drawn, plan.order, first_row), tau, lam, mask_id)
+        windows = fill_masks(plan.windows, num_commit, slots_of_rows(entropy, plan.order, first_row), drawn,
+                             tau, lam, mask_id, verified)
         self.table.windows.store(step.slots, windows)
+        if verified is None:
+            return plan.windows.tokens, num_commit  # the committed runs lead
+        reported = torch.where(step.lossless[:, None], verified.tokens.roll(-1, dims=1), plan.windows.tokens)
+        return reported, num_commit

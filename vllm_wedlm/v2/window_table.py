@@ -33,6 +33,7 @@ class WindowStep:
     slots: torch.Tensor  # [B] int64: its slot in the table
     plan: BatchPlan  # refilled windows and their physical order
     rows: torch.Tensor  # [B, C] bool: canvas rows the step forwards (all C but near max_model_len)
+    lossless: torch.Tensor  # [B] bool: a window whose slot 0 is the model's own next token, its run verified
 
 
 class WindowTable:
@@ -49,6 +50,9 @@ class WindowTable:
         # penalty (``selection_values``), its request's knobs.
         self.entropy_threshold = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
         self.pos_penalty = torch.zeros(max_num_reqs, dtype=torch.float32, device=device)
+        # [max_num_reqs] bool: a lossless window (a per-request AR one is a lossless window of one
+        # row): its slot 0 holds its unforwarded next token, drawn from an AR row.
+        self.lossless = torch.zeros(max_num_reqs, dtype=torch.bool, device=device)
         self.slot_of: dict[str, int] = {}
         # Windows of removed requests, oldest first: request id -> (committed length, window).
         self.kept: OrderedDict[str, tuple[int, WindowBatch]] = OrderedDict()
@@ -57,10 +61,12 @@ class WindowTable:
         self.resumed_fills = 0  # filled slots they held (one host sync per resumed request)
 
     def add(self, slot: int, req_id: str, num_tokens: int, window_size: int | None = None,
-            params: WeDLMParams = DEFAULT_PARAMS) -> None:
+            params: WeDLMParams = DEFAULT_PARAMS, next_token: int | None = None) -> None:
         """Give ``slot`` to a request of ``num_tokens`` tokens to prefill: its kept window when it
         was removed at that length (a preemption), else none yet (the first step plans W masks);
-        its W is ``window_size`` (None: the table's), its knobs ``params``."""
+        its W is ``window_size`` (None: the table's), its knobs ``params``. A lossless window
+        (``params.lossless``) starts with its unforwarded ``next_token`` in slot 0 (the prompt's last
+        token, at first), after the ``num_tokens`` before it."""
         kept = self.kept.pop(req_id, None)
         if kept is not None and kept[0] == num_tokens:
             window = kept[1]
@@ -68,10 +74,13 @@ class WindowTable:
             self.resumed_fills += int(window.filled.sum())
         else:
             window = WindowBatch.empty(1, self.windows.capacity, self.mask_id, self.device)
+            if params.lossless:
+                window.tokens[0, 0], window.filled[0, 0] = next_token, True
         self.windows.store(torch.tensor([slot], device=self.device), window)
         self.committed[slot] = num_tokens
         self.window_size_of[slot] = self.window_size if window_size is None else window_size
         self.entropy_threshold[slot], self.pos_penalty[slot] = selection_values(params)  # (scalars: no copy)
+        self.lossless[slot] = params.lossless
         self.slot_of[req_id] = slot
 
     def remove(self, req_id: str) -> None:
