@@ -22,8 +22,8 @@ first (N of them), then the kept slot-0 entries (one per table slot), then the r
 slot); vLLM drops the entries of empty cells as it drops the cells.
 
 This is the step's one log-prob stage: both row layouts call ``fill_rings`` (before the window
-step moves the table on) and ``returned`` (after it), with where their rows are (``DrawRows``), and
-keep no log-prob code of their own.
+step moves the table on) and ``returned`` (after it), with where their rows are (``StepIndex``), and
+keep no log-prob code of their own. Each entry is ``core/logprobs.py``'s.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors
-from vllm.v1.sample.sampler import Sampler
+
+from vllm_wedlm.core.logprobs import row_logprobs, token_entries
 
 if TYPE_CHECKING:
     from vllm_wedlm.adapter.row_layout import RequestState, StepIndex
@@ -66,10 +67,11 @@ class TokenLogprobs:
         asked = [] if chosen is None else [(row, ids) for row, ids in enumerate(chosen) if ids]
         if asked:
             self.k = max(self.k, max(len(ids) for _, ids in asked))
-        if not raw_logits.shape[0]:  # vLLM's compiled rank count takes no empty batch
+        if not raw_logits.shape[0]:
             return self.no_entries(raw_logits.shape[-1])
-        logprobs = Sampler.compute_logprobs(raw_logits)
-        entries = Sampler.gather_logprobs(logprobs, min(self.k, logprobs.shape[-1]), tokens.long().clamp(min=0))
+        logprobs = row_logprobs(raw_logits)  # [n, V]
+        entries = LogprobsTensors(*token_entries(logprobs, min(self.k, logprobs.shape[-1]),
+                                                 tokens.long().clamp(min=0)))
         if asked:
             width = entries.logprobs.shape[1] - 1
             ids = np.zeros((len(asked), width), np.int64)
