@@ -48,7 +48,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import RequestState, StepIndex, StepRows
+    from vllm_wedlm.adapter.row_layout import RequestState, StepRows
+    from vllm_wedlm.adapter.step_index import StepIndex
 
 
 @dataclass(frozen=True)

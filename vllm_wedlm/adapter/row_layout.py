@@ -27,6 +27,7 @@ from vllm.v1.outputs import ModelRunnerOutput, SamplerOutput
 from vllm_wedlm.adapter.context_edits import ContextEdits, RowContextEdits
 from vllm_wedlm.adapter.custom_processors import RowContext, apply_custom, edit_in_batch_order
 from vllm_wedlm.adapter.protocol import RequestRecord, plan_of
+from vllm_wedlm.adapter.step_index import StepIndex
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import WindowBatch, plan_windows
 from vllm_wedlm.core.logit_edits import LogitEdits, edit_logits
@@ -120,35 +121,6 @@ class StepRows:
     def num_ar_rows(self) -> np.ndarray:
         """[B] int64: next-token rows among each request's logits rows (the first ones)."""
         return self.num_checks + (self.ar_next | self.first_token)
-
-
-@dataclass(frozen=True)
-class StepIndex:
-    """Where a layout placed the logits rows that draw the tokens a step returns or keeps, for the
-    stages that read or mask them (log-probs, grammars, the thinking budget): batch rows and
-    logits rows, on the host."""
-
-    slots: np.ndarray  # [B] int64: each request's table slot
-    # The lossless windows forwarded now ([Bl] batch rows) and each one's first verification row
-    # ([Bl] logits row): its row j checks (and its draw replaces) slot j + 1 of the window's
-    # leading run, and the row after the run's last draws the next window's slot 0.
-    lossless: np.ndarray
-    first_check: np.ndarray
-    # The requests that draw one token from one row ([Bd] batch rows, in batch order; [Bd] logits
-    # rows): an AR-decoded one its next token, a new lossless one its window's slot 0.
-    draws: np.ndarray
-    draw_rows: np.ndarray
-    first_token: np.ndarray  # [B] bool: the draws that are a new lossless request's first token
-    row_requests: np.ndarray  # [N] int64: each logits row's batch row
-
-    def ar_draws(self) -> tuple[np.ndarray, np.ndarray]:
-        """The draws of AR-decoded requests: ([Ba] batch rows, [Ba] logits rows)."""
-        ar = ~self.first_token[self.draws]
-        return self.draws[ar], self.draw_rows[ar]
-
-    def check_rows(self, batch_row: int) -> int:
-        """The first verification row of the lossless window at ``batch_row``."""
-        return int(self.first_check[np.searchsorted(self.lossless, batch_row)])
 
 
 @dataclass

@@ -38,7 +38,8 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm_wedlm.core.logprobs import row_logprobs, token_entries
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import RequestState, StepIndex
+    from vllm_wedlm.adapter.row_layout import RequestState
+    from vllm_wedlm.adapter.step_index import StepIndex
     from vllm_wedlm.adapter.window_table import WindowTable
 
 
@@ -110,7 +111,8 @@ class TokenLogprobs:
                  states: list[RequestState]) -> LogprobsTensors:
         """The entries of every cell the step returns (``sampled`` [B, width], device, -1 after each
         request's tokens), for the requests that ask: cell 0 of a lossless window its kept entry and
-        cell c > 0 its verification row c - 1; an AR-decoded request's cell 0 its draw's row; a plain
+        cell c > 0 its verification row c - 1 (or, where a lossless window does not return its slot 0
+        again, cell c its row c); an AR-decoded request's cell 0 its draw's row; a plain
         window's run its ring (``fill_rings``). Then keep the entry of each lossless window's new
         slot 0 (its table row's token, drawn by the row after its run) and of each new lossless
         request's first token. ``draw_tokens`` [Bd] (device): the tokens of ``index.draws``;
@@ -124,30 +126,36 @@ class TokenLogprobs:
         lossless, first_check = index.lossless[asks], index.first_check[asks]  # [Bl]
         asks = np.flatnonzero(wants[index.draws])
         draws, draw_rows = index.draws[asks], index.draw_rows[asks]  # [Bd]
+        # A lossless window's cells from ``lead`` on are its verification rows' draws (cell 0 is its
+        # kept slot 0, where the window returns that slot again: ``StepIndex.returns_slot0``).
+        lead = int(index.returns_slot0)
         # Rows to read: each lossless window's verification rows (past its run they are padding,
-        # so a row past the step's last reads that one), each one's row after its run, the draws.
+        # so a row past the step's last reads that one), each one's row after its run (its kept
+        # entry), the draws.
         num_rows = 0 if raw_logits is None else raw_logits.shape[0]
-        check = torch.from_numpy(np.minimum(first_check[:, None] + np.arange(width - 1)[None],
-                                            max(num_rows - 1, 0))).to(device, non_blocking=True)  # [Bl, width - 1]
+        check = torch.from_numpy(np.minimum(first_check[:, None] + np.arange(width - lead)[None],
+                                            max(num_rows - 1, 0))).to(device, non_blocking=True)  # [Bl, width - lead]
         lossless_rows = torch.from_numpy(lossless).to(device, non_blocking=True)
         lossless_slots = torch.from_numpy(slots[lossless]).to(device, non_blocking=True)
-        run = (sampled[lossless_rows] >= 0).sum(1)  # [Bl]
-        after = torch.from_numpy(first_check).to(device, non_blocking=True) + run - 1  # [Bl]
+        after = lossless_slots[:0]  # [Bl] with a kept slot 0, else none
+        if lead:
+            run = (sampled[lossless_rows] >= 0).sum(1)  # [Bl]
+            after = torch.from_numpy(first_check).to(device, non_blocking=True) + run - 1
         read = torch.cat([check.flatten(), after, torch.from_numpy(draw_rows).to(device, non_blocking=True)])
         if len(asks):
             draw_tokens = draw_tokens[torch.from_numpy(asks).to(device, non_blocking=True)].long()
         else:
             draw_tokens = after[:0]
-        tokens = torch.cat([sampled[lossless_rows, 1:].flatten().long(), table.windows.tokens[lossless_slots, 0],
-                            draw_tokens])
-        row_requests = np.concatenate([np.repeat(lossless, width - 1), lossless, draws])  # [n]
+        tokens = torch.cat([sampled[lossless_rows, lead:].flatten().long(),
+                            table.windows.tokens[lossless_slots[: len(after)], 0], draw_tokens])
+        row_requests = np.concatenate([np.repeat(lossless, width - lead), lossless[: len(after)], draws])  # [n]
         entries = (self.entries(raw_logits[read], tokens, chosen_ids(states, row_requests)) if num_rows
                    else self.no_entries())
         asks = wants[plain]
         plain = plain[asks]  # [Bp]
         capacity = table.capacity if len(plain) else 0
         bank = self._bank(entries, table.num_slots, capacity)
-        n, num_checks = read.shape[0], check.numel()
+        n, num_checks, num_after = read.shape[0], check.numel(), len(after)
         source = torch.zeros(len(states), width, dtype=torch.long, device=device)  # [B, width]: bank entries
         if len(plain):  # each run's tokens sit at its next window's first positions
             plain_slots = torch.from_numpy(slots[plain]).to(device, non_blocking=True)
@@ -155,17 +163,16 @@ class TokenLogprobs:
             positions = starts[:, None] + torch.arange(width, device=device)[None]
             source[torch.from_numpy(plain).to(device, non_blocking=True)] = (
                 n + table.num_slots + plain_slots[:, None] * capacity + positions % capacity)
-        source[lossless_rows] = torch.cat([n + lossless_slots[:, None],
-                                   torch.arange(num_checks, device=device).view(len(lossless), width - 1)], 1)
+        checks = torch.arange(num_checks, device=device).view(len(lossless), width - lead)
+        source[lossless_rows] = torch.cat([n + lossless_slots[:, None], checks], 1) if lead else checks
         first = index.first_token[draws]  # [Bd]: new lossless requests (kept), the rest AR-decoded (returned)
         ar = np.flatnonzero(~first)
-        source[torch.from_numpy(draws[ar]).to(device), 0] = torch.from_numpy(num_checks + len(lossless) + ar).to(
-            device)
+        source[torch.from_numpy(draws[ar]).to(device), 0] = torch.from_numpy(num_checks + num_after + ar).to(device)
         cells = _cells(bank, source)
         first = np.flatnonzero(first)
-        self._keep(bank, torch.cat([lossless_slots, torch.from_numpy(slots[draws[first]]).to(device)]),
-                   torch.cat([torch.arange(num_checks, num_checks + len(lossless), device=device),
-                              torch.from_numpy(num_checks + len(lossless) + first).to(device)]))
+        self._keep(bank, torch.cat([lossless_slots[:num_after], torch.from_numpy(slots[draws[first]]).to(device)]),
+                   torch.cat([torch.arange(num_checks, num_checks + num_after, device=device),
+                              torch.from_numpy(num_checks + num_after + first).to(device)]))
         return cells
 
     def _bank(self, rows: LogprobsTensors, slots: int, capacity: int = 0) -> LogprobsTensors:
