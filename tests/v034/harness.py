@@ -130,6 +130,7 @@ class StepHarness:
         self.sampler, rejection_sampler = self.state.custom_sampler(base)
         assert rejection_sampler is None
         self.outputs: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[tuple[list[int], list[float]]]] = {}
         self.finished: dict[str, Finished] = {}
         self.trace = Trace()
 
@@ -155,6 +156,10 @@ class StepHarness:
         for outputs in self.scheduler.update_from_output(scheduler_output, runner_output).values():
             for output in outputs.outputs:
                 self.outputs[output.request_id] += output.new_token_ids
+                if output.new_logprobs is not None:  # each token's entry: (ids, log-probs), the token first
+                    self.logprobs.setdefault(output.request_id, []).extend(
+                        zip(output.new_logprobs.logprob_token_ids.tolist(), output.new_logprobs.logprobs.tolist(),
+                            strict=True))
                 if output.finish_reason is not None:
                     self.finished[output.request_id] = Finished(self.outputs[output.request_id],
                                                                 str(output.finish_reason))
@@ -180,6 +185,7 @@ class StepHarness:
         np.minimum(self.req_states.num_computed_tokens_np, self.req_states.prefill_len.np,
                    out=self.req_states.num_computed_prefill_tokens)
 
+    @torch.no_grad()  # as the runner's step
     def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         batch = self._prepare_inputs(so)
         model_inputs = {"input_ids": batch.input_ids, "positions": batch.positions,
@@ -198,7 +204,8 @@ class StepHarness:
             if logits_rows:  # a window's forward (a prefill has no logits rows)
                 self.trace.runs.setdefault(req_id, []).append(n)
         return ModelRunnerOutput(req_ids=batch.req_ids,
-                                 sampled_token_ids=[row[:n] for row, n in zip(sampled, num_sampled, strict=True)])
+                                 sampled_token_ids=[row[:n] for row, n in zip(sampled, num_sampled, strict=True)],
+                                 logprobs=None if out.logprobs_tensors is None else out.logprobs_tensors.tolists())
 
     def _prepare_inputs(self, so: SchedulerOutput) -> InputBatch:
         """The runner's gather_batch_req_state and prepare_inputs, for a batch without padding."""

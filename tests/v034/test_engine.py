@@ -46,8 +46,10 @@ def outputs(monkeypatch_module) -> dict[str, object]:
     plain_forwards = list(forwards)
     # A lossless and a per-request AR request beside plain ones, in one batch.
     kinds = [{"wedlm_lossless": True}, {"wedlm_decoding": "ar"}, None, None]
+    asks = [2, None, 2, None]  # log-probs: the lossless request and a plain one
     mixed = llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP,
-                                                  extra_args=extra) for extra in kinds], use_tqdm=False)
+                                                  extra_args=extra, logprobs=n)
+                                   for extra, n in zip(kinds, asks, strict=True)], use_tqdm=False)
     return {"prompts": [tokenizer(p)["input_ids"] for p in prompts], "results": results, "forwards": plain_forwards,
             "mixed": mixed}
 
@@ -83,6 +85,29 @@ def test_lossless_and_per_request_ar_requests_give_ar_tokens_in_the_real_engine(
         assert list(result.outputs[0].token_ids) == tokens[len(prompt):]
     assert [r.outputs[0].token_ids for r in outputs["mixed"][2:]] == [r.outputs[0].token_ids
                                                                        for r in outputs["results"][2:]]
+
+
+def test_log_probs_come_back_through_the_real_engine(outputs):
+    """The lossless request's tokens carry AR's log-probs, the plain one's those of the mask rows that
+    filled them (the reference decoder's), each with the 2 likeliest tokens; the others none."""
+    import torch
+
+    def chosen(result) -> list[float]:
+        out = result.outputs[0]
+        assert all(len(entry) in (2, 3) for entry in out.logprobs)  # the top 2, and the token if not among them
+        return [entry[token].logprob for entry, token in zip(out.logprobs, out.token_ids, strict=True)]
+
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    prompt, result = outputs["prompts"][0], outputs["mixed"][0]
+    tokens = list(result.outputs[0].token_ids)
+    with torch.no_grad():
+        rows = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1].float().log_softmax(-1)
+    expected = rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+    assert max(abs(a - b) for a, b in zip(chosen(result), expected, strict=True)) < 1e-4
+    reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
+    plain = reference.generate(outputs["prompts"][2], StopRule(max_tokens=MAX_TOKENS, stop_token_ids=frozenset(STOP)))
+    assert max(abs(a - b) for a, b in zip(chosen(outputs["mixed"][2]), plain.logprobs, strict=True)) < 1e-4
+    assert outputs["mixed"][1].outputs[0].logprobs is None and outputs["mixed"][3].outputs[0].logprobs is None
 
 
 def test_the_plugin_entry_point_registers_the_v2_binding_on_this_vllm(outputs):

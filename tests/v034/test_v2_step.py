@@ -205,3 +205,49 @@ def test_a_prompt_of_one_token_starts_with_its_canvas(prompts):
     expected = greedy_ar(load_transformers_model(MICRO_CHECKPOINT), prompt, 16)
     assert harness.finished["lossless"].token_ids == harness.finished["ar"].token_ids == expected
     assert harness.trace.runs["ar"][0] == 1  # its first forward drew a token
+
+
+def ar_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """Each token's log-prob under AR decoding: its row's log-softmax (float32), after the tokens before it."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    rows = logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)].log_softmax(-1)
+    return rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("num_blocks", [256, 12], ids=["roomy", "preempting"])
+def test_each_token_carries_the_log_prob_of_the_row_that_drew_it(prompts, reference, num_blocks):
+    """``logprobs`` on V2, by the log-prob stage both bindings share (``adapter/token_logprobs.py``): a
+    plain token's entry is the mask row's that filled its slot (possibly forwards before it is
+    reported), as the reference decoder records it; a lossless or per-request AR token's is the AR
+    row's that drew it, as AR decoding gives it. Beside a request that asks for none; through
+    preemptions too."""
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=num_blocks)
+    requests = {"plain-0": ("plain", 40), "lossless-1": ("lossless", 40), "ar-2": ("ar", 24),
+                "none-3": ("plain", 40), "plain-4": ("plain", 64), "lossless-5": ("lossless", 64)}
+    for (req_id, (name, n)), prompt in zip(requests.items(), prompts, strict=True):
+        params = kind(name, n)
+        if not req_id.startswith("none"):
+            params.logprobs = 3
+        harness.add(req_id, prompt, params)
+    harness.run()
+    if num_blocks == 12:
+        assert harness.trace.preemptions >= 2
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    assert "none-3" not in harness.logprobs
+    for (req_id, (name, n)), prompt in zip(requests.items(), prompts, strict=True):
+        if req_id.startswith("none"):
+            continue
+        tokens = harness.finished[req_id].token_ids
+        entries = harness.logprobs[req_id]
+        assert [ids[0] for ids, _ in entries] == tokens  # each entry is its token's
+        # The token, then the likeliest (vLLM's front end keeps the 3 asked for).
+        assert all(len(ids) >= 4 and values[1] >= values[2] >= values[3] >= max(values[4:], default=-1e9)
+                   for ids, values in entries)
+        if name == "plain":
+            expected = reference.generate(prompt, StopRule(max_tokens=n, stop_token_ids=STOP)).logprobs
+        else:
+            expected = ar_logprobs(model, prompt, tokens)
+        assert max(abs(values[0] - e) for (_, values), e in zip(entries, expected, strict=True)) < 1e-4, req_id

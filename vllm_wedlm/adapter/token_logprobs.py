@@ -198,6 +198,23 @@ class TokenLogprobs:
         self.fills.logprobs[ring] = rows.logprobs[source]
         self.fills.selected_token_ranks[ring] = rows.selected_token_ranks[source].long()
 
+    def ring(self, slot: int) -> LogprobsTensors | None:
+        """A copy of table ``slot``'s ring of fills (None: none written), for a binding whose request
+        comes back in another slot after a preemption (vLLM 0.34's); ``put_ring`` gives it back."""
+        if self.fills is None:
+            return None
+        capacity = self.table.capacity
+        rows = slice(slot * capacity, (slot + 1) * capacity)
+        return LogprobsTensors(*(part[rows].clone() for part in self.fills[:3]))
+
+    def put_ring(self, slot: int, ring: LogprobsTensors) -> None:
+        capacity, width = self.table.capacity, ring.logprobs.shape[1]
+        self.fills = _at_least(self.fills, self.table.num_slots * capacity + 1, width, self.device)
+        rows = slice(slot * capacity, (slot + 1) * capacity)
+        self.fills.logprob_token_ids[rows, :width] = ring.logprob_token_ids
+        self.fills.logprobs[rows, :width] = ring.logprobs
+        self.fills.selected_token_ranks[rows] = ring.selected_token_ranks
+
     def _keep(self, bank: LogprobsTensors, slots: torch.Tensor, source: torch.Tensor) -> None:
         """Keep bank entries ``source`` ([m]) for table ``slots`` ([m]), after ``_cells`` read the old ones."""
         self.kept.logprob_token_ids[slots] = bank.logprob_token_ids[source]

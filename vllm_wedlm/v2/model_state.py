@@ -20,6 +20,7 @@ whose row draws what follows, and it keeps one slot past its canvas for that dra
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,15 @@ import torch
 import torch.nn as nn
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import NewRequestData
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.states import RequestState
 
 from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify
+from vllm_wedlm.adapter.step_index import StepIndex
+from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core.batch import plan_windows
 from vllm_wedlm.v2.sampler import WeDLMSampler
@@ -64,6 +68,8 @@ class WeDLMModelState(DefaultModelState):
         # Logical RoPE positions of the step's rows (a static buffer, as graphs need).
         self.positions = torch.zeros(self.max_num_tokens, dtype=torch.long, device=device)
         self.step: WindowStep | None = None
+        self.token_logprobs: TokenLogprobs | None = None  # the log-prob stage, made with the sampler
+        self.kept_rings: OrderedDict[str, LogprobsTensors] = OrderedDict()  # removed requests' rings
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
@@ -80,6 +86,9 @@ class WeDLMModelState(DefaultModelState):
         else:
             self.table.add(req_index, new_req_data.req_id, len(tokens),
                            self.requested_window_size(new_req_data.sampling_params), record.params)
+        ring = self.kept_rings.pop(new_req_data.req_id, None)
+        if ring is not None:
+            self.token_logprobs.put_ring(req_index, ring)
 
     def requested_window_size(self, params: Any) -> int:
         """W of a request whose ``diffusion_canvas_length`` (the scheduler's canvas, at most the
@@ -93,7 +102,15 @@ class WeDLMModelState(DefaultModelState):
 
     def remove_request(self, req_id: str) -> None:
         super().remove_request(req_id)
-        self.records.pop(req_id, None)
+        record, slot = self.records.pop(req_id, None), self.table.slot_of.get(req_id)
+        if record is not None and record.logprobs and slot is not None and self.token_logprobs is not None:
+            # A preempted request comes back in another slot: its ring of fills (the log-probs of
+            # fills not returned yet) goes with it, kept as its window is (finished ones' dropped).
+            ring = self.token_logprobs.ring(slot)
+            if ring is not None:
+                self.kept_rings[req_id] = ring
+                while len(self.kept_rings) > self.max_num_reqs:
+                    self.kept_rings.popitem(last=False)
         self.table.remove(req_id)
 
     def prepare_inputs(self, input_batch: InputBatch, req_states: RequestState) -> dict[str, Any]:
@@ -122,8 +139,26 @@ class WeDLMModelState(DefaultModelState):
         sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
         positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
-        self.step = WindowStep(batch_index, slots, plan, rows, lossless)
+        self.step = WindowStep(batch_index, slots, plan, rows, lossless,
+                               *self._logprob_index(input_batch, windowed, num_logits[windowed]))
         return {"positions": positions}
+
+    def _logprob_index(self, input_batch: InputBatch, windowed: np.ndarray,
+                       widths: np.ndarray) -> tuple[StepIndex | None, list[RequestRecord] | None]:
+        """Where the step's rows are for the log-prob stage, when one of its windows' requests asks:
+        each canvas's rows are its request's logits rows, in physical order, so a lossless window's
+        leading run (its checks) starts at its first; a lossless window returned its slot 0 when
+        its row drew it."""
+        records = [self.records[input_batch.req_ids[b]] for b in windowed]
+        if not any(record.logprobs for record in records):
+            return None, None
+        lossless = np.flatnonzero([draws_from_ar_rows(record) for record in records])  # [Bl] among the windows
+        first_row = np.cumsum(widths) - widths  # [Bw]
+        none = np.zeros(0, np.int64)
+        index = StepIndex(input_batch.idx_mapping_np[windowed].astype(np.int64), lossless, first_row[lossless], none,
+                          none, np.zeros(len(windowed), bool), np.repeat(np.arange(len(windowed)), widths),
+                          returns_slot0=False)
+        return index, records
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         # A FULL graph is captured with these buffers and replays reading them: the logical
@@ -137,4 +172,6 @@ class WeDLMModelState(DefaultModelState):
             self.table.committed[live] = num_computed_tokens[live].long()
 
     def custom_sampler(self, sampler: Any) -> tuple[WeDLMSampler, None]:
-        return WeDLMSampler(sampler, self.table, lambda: self.step), None
+        self.token_logprobs = TokenLogprobs(self.model_config.max_logprobs, self.table,
+                                            self.model_config.get_vocab_size())
+        return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs), None

@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.input_batch import InputBatch, get_num_sampled_and_rejected
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import dense_drafts, fill_masks, leading_filled, slots_of_rows, verify_dense
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
@@ -30,10 +33,12 @@ _GREEDY = SamplingBatch(temperature=None, top_k=None, top_p=None, ban_mask_token
 
 
 class WeDLMSampler:
-    def __init__(self, base: Any, table: WindowTable, current_step: Callable[[], WindowStep | None]):
+    def __init__(self, base: Any, table: WindowTable, current_step: Callable[[], WindowStep | None],
+                 token_logprobs: TokenLogprobs):
         self.base = base  # vLLM's Sampler: per-request sampling state, penalties, log-prob ids
         self.table = table  # each slot's window and knobs
         self.current_step = current_step  # the model state's plan of this step's windows
+        self.token_logprobs = token_logprobs  # the log-prob stage (both bindings')
         self.req_states = base.req_states
         self.penalties_state = base.penalties_state  # post_update counts the committed tokens in it
 
@@ -48,27 +53,61 @@ class WeDLMSampler:
         sampled = torch.zeros(input_batch.num_reqs, width, dtype=torch.int64, device=logits.device)
         num_sampled = torch.zeros(input_batch.num_reqs, dtype=torch.int32, device=logits.device)
         step = self.current_step()
+        logprobs = None
         if step is not None:
-            tokens, count = self._finish_windows(logits, step)
+            row_draws = sample(logits, _GREEDY, self.table.mask_id)  # [N]: each row's draw
+            if step.index is not None:  # before the windows move on: where each plain fill may go
+                self._fill_rings(logits, row_draws, step)
+            tokens, count = self._finish_windows(logits, row_draws, step)
             sampled[step.batch_index] = tokens
             num_sampled[step.batch_index] = count.to(torch.int32)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
             num_sampled, input_batch.seq_lens, input_batch.cu_num_logits, input_batch.idx_mapping,
             self.req_states.prefill_len.gpu)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
+        if step is not None and step.index is not None:
+            logprobs = self._returned_logprobs(logits, tokens, count, num_sampled, step)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
 
-    def _finish_windows(self, logits: torch.Tensor, step: WindowStep) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fill_rings(self, logits: torch.Tensor, row_draws: torch.Tensor, step: WindowStep) -> None:
+        """The log-prob stage's rings: each row of a plain window that asks, at the mask slot it
+        may fill (its absolute position; a row of a filled slot or of padding fills nothing)."""
+        plan = step.plan
+        order = plan.order  # [B, C]: the slot each physical row feeds
+        asks = torch.tensor([record.logprobs for record in step.records], device=logits.device) & ~step.lossless
+        masked = ~plan.windows.filled.gather(1, order) & (order < plan.windows.length[:, None])  # [B, C]
+        positions = torch.where(asks[:, None] & masked, self.table.committed[step.slots][:, None] + order, -1)
+        self.token_logprobs.fill_rings(logits, row_draws, None, step.slots[:, None].expand_as(order)[step.rows],
+                                       positions[step.rows], step.records, step.index.row_requests)
+
+    def _returned_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, count: torch.Tensor,
+                           num_sampled: torch.Tensor, step: WindowStep) -> LogprobsTensors:
+        """The entries of the tokens the step reports, request by request (vLLM's packing: each
+        request's, in batch order, ``num_sampled`` of them): a plain window's run from its ring, a
+        lossless window's tokens from its rows (the stage, ``adapter/token_logprobs.py``)."""
+        columns = torch.arange(tokens.shape[1], device=tokens.device)[None]
+        cells = torch.where(columns < count[:, None], tokens, -1)  # [Bw, C]
+        plain = np.setdiff1d(np.arange(len(step.records)), step.index.lossless)
+        entries = self.token_logprobs.returned(logits, cells, step.index, None, plain,
+                                               self.table.committed[step.slots][torch.from_numpy(plain).to(cells.device)],
+                                               step.records)
+        kept = (columns < count[:, None]).flatten()  # the reported cells, window by window (batch order)
+        cu = torch.cat([num_sampled.new_zeros(1), num_sampled.cumsum(0)])
+        return LogprobsTensors(*(part[kept] for part in entries[:3]), cu_num_generated_tokens_tensor=cu)
+
+    def _finish_windows(self, logits: torch.Tensor, row_draws: torch.Tensor,
+                        step: WindowStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify the lossless windows' runs, fill the chosen masks of the step's windows from their
-        own rows' draws, drop the committed runs, and keep the next windows in the table. Returns
-        what each window reports now ([B, C] tokens, [B] how many): a plain window its committed
-        run, whose KV this forward wrote; a lossless one the fills it accepted after its slot 0 (a
-        token it reported before) and the token its run's last row drew, its next slot 0."""
+        own rows' draws (``row_draws`` [N]), drop the committed runs, and keep the next windows in
+        the table. Returns what each window reports now ([B, C] tokens, [B] how many): a plain
+        window its committed run, whose KV this forward wrote; a lossless one the fills it accepted
+        after its slot 0 (a token it reported before) and the token its run's last row drew, its
+        next slot 0."""
         plan, mask_id = step.plan, self.table.mask_id
         entropy = torch.zeros(step.rows.shape, dtype=torch.float32, device=logits.device)  # [B, C] per row
         drawn = torch.zeros(step.rows.shape, dtype=torch.int64, device=logits.device)
         entropy[step.rows] = row_entropy(logits)
-        drawn[step.rows] = sample(logits, _GREEDY, mask_id)
+        drawn[step.rows] = row_draws
         first_row = torch.zeros_like(plan.num_commit)
         drawn = slots_of_rows(drawn, plan.order, first_row)  # [B, C] per slot: the draw of its row
         verified, num_commit = None, plan.num_commit

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_wedlm.adapter.step_index import StepIndex
 from vllm_wedlm.core.batch import BatchPlan, WindowBatch
 from vllm_wedlm.core.params import DEFAULT_PARAMS, WeDLMParams, selection_values
 
@@ -34,6 +35,10 @@ class WindowStep:
     plan: BatchPlan  # refilled windows and their physical order
     rows: torch.Tensor  # [B, C] bool: canvas rows the step forwards (all C but near max_model_len)
     lossless: torch.Tensor  # [B] bool: a window whose slot 0 is the model's own next token, its run verified
+    # Where the step's rows are for the log-prob stage (``adapter/token_logprobs.py``), with each
+    # window's request record, when a request of the step asks for log-probs; else None.
+    index: StepIndex | None = None
+    records: list | None = None
 
 
 class WindowTable:
@@ -59,6 +64,15 @@ class WindowTable:
         self.max_kept = max_num_reqs
         self.num_resumed = 0  # windows given back to preempted requests
         self.resumed_fills = 0  # filled slots they held (one host sync per resumed request)
+
+    @property
+    def capacity(self) -> int:
+        """Slots of a window (its canvas's rows)."""
+        return self.windows.capacity
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.committed)
 
     def add(self, slot: int, req_id: str, num_tokens: int, window_size: int | None = None,
             params: WeDLMParams = DEFAULT_PARAMS, next_token: int | None = None) -> None:
