@@ -66,7 +66,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     exact.add_argument("--max-num-seqs", type=int, default=8, help="requests at a time")
     exact.add_argument("--max-tokens", type=int, default=64)
     exact.add_argument("--canvas-widths", default="32,8",
-                       help="each prompt's canvas in turn (diffusion_canvas_length; 2 W rows: W 16, W 4)")
+                       help="each plain prompt's canvas in turn (diffusion_canvas_length; 2 W rows: W 16, W 4)")
+    exact.add_argument("--kinds", default="plain,plain,lossless,ar",
+                       help="each prompt's request kind in turn (lossless and ar: AR's tokens expected)")
     shape = parser.add_argument_group("shape")
     shape.add_argument("--modes", default="ar,ar-sync,wedlm", help=f"engines, in turn: {', '.join(SHAPE_MODES)}")
     shape.add_argument("--shape", default="qwen3-8b", help="benchmarks.step_cost.SHAPES (tiny: the --cpu check)")
@@ -172,6 +174,7 @@ def exact(args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
 
     from vllm_wedlm.checkpoints import MICRO_CHECKPOINT
+    from vllm_wedlm.core import WeDLMParams
     from vllm_wedlm.engine_settings import engine_kwargs
     from vllm_wedlm.evaluation import held_out_tasks
     from vllm_wedlm.models.transformers_body import load_transformers_model
@@ -187,10 +190,14 @@ def exact(args: argparse.Namespace) -> dict:
     tokenizer = llm.get_tokenizer()
     tasks = held_out_tasks(args.prompts, ("arithmetic",), max_number=19)["arithmetic"]
     prompts = [chat_prompt(tokenizer, t) for t in tasks]
-    widths = [int(w) for w in args.canvas_widths.split(",")]
-    canvas = [widths[i % len(widths)] for i in range(len(prompts))]
+    widths, kinds = [int(w) for w in args.canvas_widths.split(",")], args.kinds.split(",")
+    kind = [kinds[i % len(kinds)] for i in range(len(prompts))]
+    plain = [i for i, k in enumerate(kind) if k == "plain"]
+    canvas = [widths[plain.index(i) % len(widths)] if k == "plain" else 2 * W for i, k in enumerate(kind)]
+    extra = {"plain": lambda c: {"diffusion_canvas_length": c}, "lossless": lambda c: {"wedlm_lossless": True},
+             "ar": lambda c: {"wedlm_decoding": "ar"}}
     params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, stop_token_ids=stop,
-                             extra_args={"diffusion_canvas_length": c}) for c in canvas]
+                             extra_args=extra[k](c)) for k, c in zip(kind, canvas, strict=True)]
     GRAPH_MODES.clear()
     WINDOWS.clear()
     began = time.perf_counter()
@@ -200,16 +207,18 @@ def exact(args: argparse.Namespace) -> dict:
     reference = {c: ReferenceDecoder(model, mask_token_id=config["mask_token_id"], window_size=max(1, c // 2))
                  for c in set(canvas)}
     equal, tokens, first_mismatch = Counter(), 0, None
-    for prompt, output, c in zip(prompts, outputs, canvas, strict=True):
+    for prompt, output, c, k in zip(prompts, outputs, canvas, kind, strict=True):
+        # A lossless or AR request's expected tokens are AR's: the reference's lossless output.
         expected = reference[c].generate(tokenizer(prompt)["input_ids"],
-                                         StopRule(max_tokens=args.max_tokens, stop_token_ids=frozenset(stop))).token_ids
+                                         StopRule(max_tokens=args.max_tokens, stop_token_ids=frozenset(stop)),
+                                         params=WeDLMParams(lossless=k != "plain")).token_ids
         got = list(output.outputs[0].token_ids)
-        equal[f"W{max(1, c // 2)}"] += got == expected
+        equal[f"W{max(1, c // 2)}" if k == "plain" else k] += got == expected
         tokens += len(got)
         if got != expected and first_mismatch is None:
             first_mismatch = {"prompt": prompt, "canvas": c, "expected": expected, "got": got}
     return {"part": "exact", "model": "micro", "dtype": "float32", "window_size": W, "canvas_length": 2 * W,
-            "canvas_widths": widths, "prompts": len(prompts), "max_num_seqs": args.max_num_seqs,
+            "canvas_widths": widths, "kinds": kinds, "prompts": len(prompts), "max_num_seqs": args.max_num_seqs,
             "equal_to_reference": dict(equal), "token_exact": sum(equal.values()) == len(prompts),
             "first_mismatch": first_mismatch, "output_tokens": tokens,
             "seconds": round(seconds, 2), "tok_s": round(tokens / seconds, 1), "engine_start_s": start_s,
