@@ -138,7 +138,20 @@ class FixedRows(RowLayout):
         self.zero_windows = None
         if not len(b):
             return ar_rows, None
-        table = self.table
+        return self._lay_out_windows(scheduler_output, batch, prompt_rows, has_window, held_zero, lossless,
+                                     ar_rows), None
+
+    def _lay_out_windows(self, scheduler_output: SchedulerOutput, batch, prompt_rows: np.ndarray,
+                         has_window: np.ndarray, held_zero: np.ndarray, lossless: np.ndarray,
+                         ar_rows: torch.Tensor) -> torch.Tensor:
+        """Write the forwarded windows' rows from the device table (input ids, positions, KV slots
+        from each window's real start) and return the step's logits rows ([N] device: R per window,
+        then ``ar_rows``). ``batch``: ``scheduled``'s; ``prompt_rows`` [B]: a first window's
+        prompt rows before it; ``has_window`` / ``held_zero`` / ``lossless`` [B] bool."""
+        runner, table, plan = self.runner, self.table, plan_of(scheduler_output)
+        req_ids, slots, n, starts = batch.req_ids, batch.slots, batch.n, batch.starts
+        num_reqs, rows_per_window = len(req_ids), self.rows_per_window
+        b = np.flatnonzero(batch.window)  # [Bw] batch rows of windows
         rows = n[b] - prompt_rows[b]  # [Bw] window rows: Q when pipelined, else each window's own
         q = max_window_tokens(self.settings.window_size)
         for i in np.flatnonzero(rows > q):
@@ -182,7 +195,7 @@ class FixedRows(RowLayout):
         # Logits: R rows of each window, in physical order: a plain window's after its leading run
         # (its masks are among them), a lossless window's from its first (its leading run checks).
         run = leading_filled(table.windows.filled[w_slots])  # [Bw]
-        w_lossless = w_lossless.bool() if (window & lossless).any() else None  # [Bw]
+        w_lossless = w_lossless.bool() if (batch.window & lossless).any() else None  # [Bw]
         from_row = run if w_lossless is None else torch.where(w_lossless, 0, run)  # [Bw]
         if self.zero_windows is not None:  # a W 0 window's one row: its run's last, a next-token row
             from_row = torch.where(self.zero_windows[1], run - 1, from_row)
@@ -190,7 +203,7 @@ class FixedRows(RowLayout):
         logits_rows = w_first[:, None] + torch.minimum(from_row[:, None] + k, w_rows[:, None] - 1)  # [Bw, R]
         self.forwarded = (w_slots, run, start, w_rows, full, w_lossless)
         self.logits_rows, self.window_logits = torch.cat([logits_rows.flatten(), ar_rows]), logits_rows.numel()
-        return self.logits_rows, None
+        return self.logits_rows
 
     def window_starts(self, slots: np.ndarray) -> torch.Tensor:
         # The device's record: the host half of the table is not written in this layout.
