@@ -251,3 +251,57 @@ def test_each_token_carries_the_log_prob_of_the_row_that_drew_it(prompts, refere
         else:
             expected = ar_logprobs(model, prompt, tokens)
         assert max(abs(values[0] - e) for (_, values), e in zip(entries, expected, strict=True)) < 1e-4, req_id
+
+
+def sampled(name: str, max_tokens: int, **settings) -> SamplingParams:
+    params = kind(name, max_tokens)
+    for key, value in settings.items():
+        setattr(params, key, value)
+    return params
+
+
+def test_sampling_settings_reach_each_row(prompts, reference):
+    """Each request's own temperature, top-k, top-p and min-p (vLLM's per-request sampling state)
+    shape its rows' draws: top-k 1 and min-p 1 keep only the likeliest token, so those requests give
+    the greedy tokens (plain: the reference decoder's; lossless and per-request AR: AR's) beside
+    requests that sample at temperature 1."""
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=6)
+    requests = {"plain-top-k": ("plain", {"temperature": 1.0, "top_k": 1}),
+                "lossless-min-p": ("lossless", {"temperature": 0.8, "min_p": 1.0}),
+                "ar-top-k": ("ar", {"temperature": 1.5, "top_k": 1, "top_p": 0.9}),
+                "plain-hot": ("plain", {"temperature": 1.0}), "lossless-hot": ("lossless", {"temperature": 1.0}),
+                "ar-hot": ("ar", {"temperature": 1.0, "seed": 3})}
+    for (req_id, (name, settings)), prompt in zip(requests.items(), prompts, strict=True):
+        harness.add(req_id, prompt, sampled(name, 32, **settings))
+    harness.run()
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    stop = StopRule(max_tokens=32, stop_token_ids=STOP)
+    assert harness.finished["plain-top-k"].token_ids == reference.generate(prompts[0], stop).token_ids
+    assert harness.finished["lossless-min-p"].token_ids == greedy_ar(model, prompts[1], 32)
+    assert harness.finished["ar-top-k"].token_ids == greedy_ar(model, prompts[2], 32)
+    hot = [harness.finished[r].token_ids for r in ("plain-hot", "lossless-hot", "ar-hot")]
+    greedy = [reference.generate(prompts[3], stop).token_ids, greedy_ar(model, prompts[4], 32),
+              greedy_ar(model, prompts[5], 32)]
+    assert hot != greedy  # temperature 1 samples
+    assert all(MASK_ID not in harness.finished[r].token_ids for r in requests)
+
+
+def test_a_seeded_request_repeats_beside_others_and_through_preemptions(prompts):
+    """A seeded request draws from its own stream (kept while it waits after a preemption, as its
+    window is): alone, or among requests that preempt it, it gives the same tokens; another seed
+    gives others."""
+    def run(seed: int, crowded: bool) -> dict[str, list[int]]:
+        harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=12 if crowded else 256)
+        if crowded:  # first: vLLM preempts the requests that came last
+            for i, prompt in enumerate(prompts[2:4]):
+                harness.add(f"other-{i}", prompt, sampled("plain", 64, temperature=1.0))
+        for name, prompt in (("plain", prompts[0]), ("lossless", prompts[1])):
+            harness.add(name, prompt, sampled(name, 64, temperature=2.5, top_k=50, seed=seed))
+        harness.run()
+        if crowded:
+            assert harness.trace.preemptions >= 2
+        return {name: harness.finished[name].token_ids for name in ("plain", "lossless")}
+
+    alone = run(7, crowded=False)
+    assert run(7, crowded=True) == alone
+    assert run(8, crowded=False) != alone

@@ -70,9 +70,15 @@ class WeDLMModelState(DefaultModelState):
         self.step: WindowStep | None = None
         self.token_logprobs: TokenLogprobs | None = None  # the log-prob stage, made with the sampler
         self.kept_rings: OrderedDict[str, LogprobsTensors] = OrderedDict()  # removed requests' rings
+        self.generators: OrderedDict[str, torch.Generator] = OrderedDict()  # seeded requests' streams
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
+        seed = new_req_data.sampling_params.seed if new_req_data.sampling_params is not None else None
+        if seed is not None and new_req_data.req_id not in self.generators:
+            # Its own stream, kept while it waits after a preemption (as its window is), so its
+            # tokens depend neither on its batch mates nor on preemption.
+            self.generators[new_req_data.req_id] = torch.Generator(self.device).manual_seed(seed)
         # Its kind, knobs and per-row asks, read once (the V1 binding's ``classify``).
         record = self.records[new_req_data.req_id] = classify(new_req_data.sampling_params, self.settings)
         tokens = new_req_data.prefill_token_ids
@@ -112,6 +118,10 @@ class WeDLMModelState(DefaultModelState):
                 while len(self.kept_rings) > self.max_num_reqs:
                     self.kept_rings.popitem(last=False)
         self.table.remove(req_id)
+        if req_id in self.generators:  # finished ones' dropped oldest first, as kept windows are
+            self.generators.move_to_end(req_id)
+            while len(self.generators) > 2 * self.max_num_reqs:
+                self.generators.popitem(last=False)
 
     def prepare_inputs(self, input_batch: InputBatch, req_states: RequestState) -> dict[str, Any]:
         num_tokens = input_batch.num_tokens_after_padding
@@ -140,6 +150,8 @@ class WeDLMModelState(DefaultModelState):
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
         positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
         self.step = WindowStep(batch_index, slots, plan, rows, lossless,
+                               [input_batch.req_ids[b] for b in windowed],
+                               input_batch.idx_mapping_np[windowed].astype(np.int64), num_logits[windowed],
                                *self._logprob_index(input_batch, windowed, num_logits[windowed]))
         return {"positions": positions}
 
@@ -174,4 +186,4 @@ class WeDLMModelState(DefaultModelState):
     def custom_sampler(self, sampler: Any) -> tuple[WeDLMSampler, None]:
         self.token_logprobs = TokenLogprobs(self.model_config.max_logprobs, self.table,
                                             self.model_config.get_vocab_size())
-        return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs), None
+        return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs, self.generators), None

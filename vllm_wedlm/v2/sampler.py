@@ -5,8 +5,8 @@ token for each row, fills the chosen masks of each window, drops its committed r
 next window in the table. The committed run (the leading filled slots the forward just wrote the
 exact KV of) is what the step reports as sampled: ``post_update`` appends those tokens and advances
 the request by their count, since every other canvas row counts as rejected. A prefill samples none.
-A lossless window's run is verified against its own rows' draws first (greedy: a fill stands where
-its row before drew it); it reports the fills it accepted and the token its run's last row drew.
+A lossless window's run is verified against its own rows' draws first (a fill stands where its row
+before drew it); it reports the fills it accepted and the token its run's last row drew.
 
 vLLM's own sampler keeps its per-request state (the runner adds requests to it and reads its
 penalty counts), so this one wraps it and forwards those calls.
@@ -29,16 +29,15 @@ from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
 
-_GREEDY = SamplingBatch(temperature=None, top_k=None, top_p=None, ban_mask_token=None)
-
 
 class WeDLMSampler:
     def __init__(self, base: Any, table: WindowTable, current_step: Callable[[], WindowStep | None],
-                 token_logprobs: TokenLogprobs):
+                 token_logprobs: TokenLogprobs, generators: dict[str, torch.Generator]):
         self.base = base  # vLLM's Sampler: per-request sampling state, penalties, log-prob ids
         self.table = table  # each slot's window and knobs
         self.current_step = current_step  # the model state's plan of this step's windows
         self.token_logprobs = token_logprobs  # the log-prob stage (both bindings')
+        self.generators = generators  # seeded requests' own streams, by request id
         self.req_states = base.req_states
         self.penalties_state = base.penalties_state  # post_update counts the committed tokens in it
 
@@ -55,7 +54,7 @@ class WeDLMSampler:
         step = self.current_step()
         logprobs = None
         if step is not None:
-            row_draws = sample(logits, _GREEDY, self.table.mask_id)  # [N]: each row's draw
+            row_draws = sample(logits, self._sampling(step), self.table.mask_id)  # [N]: each row's draw
             if step.index is not None:  # before the windows move on: where each plain fill may go
                 self._fill_rings(logits, row_draws, step)
             tokens, count = self._finish_windows(logits, row_draws, step)
@@ -68,6 +67,34 @@ class WeDLMSampler:
             logprobs = self._returned_logprobs(logits, tokens, count, num_sampled, step)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
+
+    def _sampling(self, step: WindowStep) -> SamplingBatch:
+        """Each canvas row's sampling settings, its request's (vLLM's per-request sampling state):
+        temperature, top-k, top-p, min-p, and a seeded request's own stream. Every row but a lossless
+        window's leading run (AR rows, which check its fills and draw its next token, as vLLM's
+        sampler draws) never draws the mask token."""
+        states, device = self.base.sampling_states, step.rows.device
+        checks = torch.where(step.lossless, leading_filled(step.plan.windows.filled), 0)  # [B]
+        ban = (torch.arange(step.rows.shape[1], device=device)[None] >= checks[:, None])[step.rows]  # [N]
+        temperature = states.temperature.np[step.host_slots]  # [B]
+        if not temperature.any():
+            return SamplingBatch(None, None, None, ban)
+
+        def per_row(values: np.ndarray, dtype: torch.dtype, off: float | None = None) -> torch.Tensor | None:
+            """[N]: each window's value on each of its rows; None where every window's is ``off``."""
+            if off is not None and (values == off).all():
+                return None
+            return torch.from_numpy(np.repeat(values, step.widths)).to(device, dtype, non_blocking=True)
+
+        top_k = states.top_k.np[step.host_slots]
+        first_row = np.cumsum(step.widths) - step.widths  # [B]
+        return SamplingBatch(
+            temperature=per_row(temperature, torch.float32),
+            top_k=per_row(np.where(top_k >= states.vocab_size, 0, top_k), torch.int64, 0),
+            top_p=per_row(states.top_p.np[step.host_slots], torch.float32, 1.0),
+            ban_mask_token=ban, min_p=per_row(states.min_p.np[step.host_slots], torch.float32, 0.0),
+            generators=[(int(first_row[b]), int(step.widths[b]), self.generators[req_id])
+                        for b, req_id in enumerate(step.req_ids) if req_id in self.generators and temperature[b]])
 
     def _fill_rings(self, logits: torch.Tensor, row_draws: torch.Tensor, step: WindowStep) -> None:
         """The log-prob stage's rings: each row of a plain window that asks, at the mask slot it
@@ -113,7 +140,7 @@ class WeDLMSampler:
         verified, num_commit = None, plan.num_commit
         if step.lossless.any():
             # Row j of a lossless window's leading run checks slot j + 1 (a fill): accepted where
-            # its draw is that fill (greedy); the run's last row draws the next token.
+            # its draw is that fill; the run's last row draws the next token.
             checks = torch.where(step.lossless, leading_filled(plan.windows.filled), 0)  # [B]
             accept = drawn == dense_drafts(plan.windows.tokens, checks)
             verified, num_commit = verify_dense(plan.windows, checks, accept, drawn,

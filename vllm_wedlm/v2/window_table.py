@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_wedlm.adapter.step_index import StepIndex
@@ -35,6 +36,10 @@ class WindowStep:
     plan: BatchPlan  # refilled windows and their physical order
     rows: torch.Tensor  # [B, C] bool: canvas rows the step forwards (all C but near max_model_len)
     lossless: torch.Tensor  # [B] bool: a window whose slot 0 is the model's own next token, its run verified
+    # On the host: each window's request id, its slot and its canvas's rows (its logits rows).
+    req_ids: list[str]
+    host_slots: np.ndarray  # [B] int64
+    widths: np.ndarray  # [B] int64
     # Where the step's rows are for the log-prob stage (``adapter/token_logprobs.py``), with each
     # window's request record, when a request of the step asks for log-probs; else None.
     index: StepIndex | None = None
