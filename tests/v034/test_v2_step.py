@@ -305,3 +305,56 @@ def test_a_seeded_request_repeats_beside_others_and_through_preemptions(prompts)
     alone = run(7, crowded=False)
     assert run(7, crowded=True) == alone
     assert run(8, crowded=False) != alone
+
+
+def edited_ar(model, prompt: list[int], max_tokens: int, edits) -> list[int]:
+    """AR decoding (greedy) with a request's logit edits on each row (``core/logit_edits.py``)."""
+    import torch
+
+    from vllm_wedlm.core.logit_edits import edit_logits
+
+    tokens = list(prompt)
+    with torch.no_grad():
+        for index in range(max_tokens):
+            row = model(input_ids=torch.tensor([tokens])).logits[0, -1:]
+            tokens.append(int(edit_logits(row, [edits], torch.tensor([index]))[0].argmax()))
+            if tokens[-1] in STOP:
+                break
+    return tokens[len(prompt):]
+
+
+def test_logit_edits_apply_to_every_row_of_their_request(prompts):
+    """allowed_token_ids, logit_bias and min_tokens on V2, by ``core/logit_edits.py`` (the V1 binding's):
+    a lossless and a per-request AR request give AR's tokens under the same edits, a plain one keeps
+    every token inside them, beside a request without edits, which gives the reference's tokens."""
+    from vllm_wedlm.core.logit_edits import LogitEdits
+
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    prompt, max_tokens = prompts[0], 72
+    greedy = greedy_ar(model, prompt, max_tokens)
+    assert greedy[-1] in STOP and len(greedy) < max_tokens - 8  # the min_tokens case holds the stop back
+    allowed = sorted((set(greedy) | STOP) - {greedy[1]})  # the greedy path is cut at its second token
+    cases = {"allowed": {"allowed_token_ids": allowed}, "bias": {"logit_bias": {greedy[0]: -50.0, greedy[3]: 8.0}},
+             "min-tokens": {"min_tokens": len(greedy) + 6}}
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=8)
+    for case, settings in cases.items():
+        for name in ("plain", "lossless", "ar"):
+            harness.add(f"{name}-{case}", prompt, sampled(name, max_tokens, **settings))
+    harness.add("unedited", prompt, kind("plain", max_tokens))
+    harness.run()
+    for case, settings in cases.items():
+        params = sampled("plain", max_tokens, **settings)
+        edits = LogitEdits.of(params.allowed_token_ids, params.logit_bias, params.min_tokens,
+                              params.all_stop_token_ids)
+        expected = edited_ar(model, prompt, max_tokens, edits)
+        assert expected != greedy, case  # the edits change AR's tokens
+        for name in ("lossless", "ar"):
+            assert harness.finished[f"{name}-{case}"].token_ids == expected, (name, case)
+        plain = harness.finished[f"plain-{case}"].token_ids
+        if case == "allowed":
+            assert set(plain) <= set(allowed)
+        if case == "min-tokens":
+            assert len(plain) >= len(greedy) + 6
+    reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
+    assert harness.finished["unedited"].token_ids == reference.generate(
+        prompt, StopRule(max_tokens=max_tokens, stop_token_ids=STOP)).token_ids

@@ -18,6 +18,7 @@ vLLM 0.34's V2 classes, so they are imported only where vLLM 0.34 is installed:
 A window's forward is a canvas of a fixed 2 W rows (``canvas_width``): its committed run, at most
 W, then W undecided slots, then padding rows, which causal attention keeps from the others.
 It runs plain WeDLM, lossless and per-request AR (a lossless window of one row), at a fixed W, under
-synchronous scheduling, with each request's sampling settings (seeds included) and log-probs (the
+synchronous scheduling, with each request's sampling settings (seeds included), its logit edits
+(allowed ids, logit bias, min_tokens) and log-probs (the
 log-prob stage of ``adapter/token_logprobs.py``, which the V1 binding uses too).
 """

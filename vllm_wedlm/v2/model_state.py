@@ -149,28 +149,27 @@ class WeDLMModelState(DefaultModelState):
         sampled_rows = input_batch.logits_indices  # the canvases' rows, request by request
         input_batch.input_ids[sampled_rows] = plan.input_ids[rows].to(input_batch.input_ids.dtype)
         positions[sampled_rows] = (committed[:, None] + plan.order)[rows]
-        self.step = WindowStep(batch_index, slots, plan, rows, lossless,
-                               [input_batch.req_ids[b] for b in windowed],
-                               input_batch.idx_mapping_np[windowed].astype(np.int64), num_logits[windowed],
-                               *self._logprob_index(input_batch, windowed, num_logits[windowed]))
+        req_ids = [input_batch.req_ids[b] for b in windowed]
+        records = [self.records[req_id] for req_id in req_ids]
+        self.step = WindowStep(batch_index, slots, plan, rows, lossless, req_ids,
+                               input_batch.idx_mapping_np[windowed].astype(np.int64), num_logits[windowed], records,
+                               self._logprob_index(input_batch, windowed, num_logits[windowed], records))
         return {"positions": positions}
 
-    def _logprob_index(self, input_batch: InputBatch, windowed: np.ndarray,
-                       widths: np.ndarray) -> tuple[StepIndex | None, list[RequestRecord] | None]:
+    def _logprob_index(self, input_batch: InputBatch, windowed: np.ndarray, widths: np.ndarray,
+                       records: list[RequestRecord]) -> StepIndex | None:
         """Where the step's rows are for the log-prob stage, when one of its windows' requests asks:
         each canvas's rows are its request's logits rows, in physical order, so a lossless window's
         leading run (its checks) starts at its first; a lossless window returned its slot 0 when
         its row drew it."""
-        records = [self.records[input_batch.req_ids[b]] for b in windowed]
         if not any(record.logprobs for record in records):
-            return None, None
+            return None
         lossless = np.flatnonzero([draws_from_ar_rows(record) for record in records])  # [Bl] among the windows
         first_row = np.cumsum(widths) - widths  # [Bw]
         none = np.zeros(0, np.int64)
-        index = StepIndex(input_batch.idx_mapping_np[windowed].astype(np.int64), lossless, first_row[lossless], none,
-                          none, np.zeros(len(windowed), bool), np.repeat(np.arange(len(windowed)), widths),
-                          returns_slot0=False)
-        return index, records
+        return StepIndex(input_batch.idx_mapping_np[windowed].astype(np.int64), lossless, first_row[lossless], none,
+                         none, np.zeros(len(windowed), bool), np.repeat(np.arange(len(windowed)), widths),
+                         returns_slot0=False)
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         # A FULL graph is captured with these buffers and replays reading them: the logical

@@ -25,6 +25,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.core.batch import dense_drafts, fill_masks, leading_filled, slots_of_rows, verify_dense
+from vllm_wedlm.core.logit_edits import edit_logits
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
@@ -54,9 +55,11 @@ class WeDLMSampler:
         step = self.current_step()
         logprobs = None
         if step is not None:
+            raw_logits = logits  # [N, V]: what log-probs read (vLLM's default); the edits' are a copy
+            logits = self._edited(logits, step)
             row_draws = sample(logits, self._sampling(step), self.table.mask_id)  # [N]: each row's draw
             if step.index is not None:  # before the windows move on: where each plain fill may go
-                self._fill_rings(logits, row_draws, step)
+                self._fill_rings(raw_logits, row_draws, step)
             tokens, count = self._finish_windows(logits, row_draws, step)
             sampled[step.batch_index] = tokens
             num_sampled[step.batch_index] = count.to(torch.int32)
@@ -64,9 +67,23 @@ class WeDLMSampler:
             num_sampled, input_batch.seq_lens, input_batch.cu_num_logits, input_batch.idx_mapping,
             self.req_states.prefill_len.gpu)
         if step is not None and step.index is not None:
-            logprobs = self._returned_logprobs(logits, tokens, count, num_sampled, step)
+            logprobs = self._returned_logprobs(raw_logits, tokens, count, num_sampled, step)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
+
+    def _edited(self, logits: torch.Tensor, step: WindowStep) -> torch.Tensor:
+        """The rows with their requests' allowed tokens, logit bias and min_tokens (``core/logit_edits.py``,
+        the V1 binding's too), or as they are. min_tokens reads the output index each row predicts:
+        a mask row its own slot's, a lossless window's leading-run row (an AR row) the next one."""
+        if all(record.edits is None for record in step.records):
+            return logits
+        order = step.plan.order  # [B, C]: the slot each physical row feeds
+        checks = torch.where(step.lossless, leading_filled(step.plan.windows.filled), 0)  # [B]
+        ar_row = torch.arange(order.shape[1], device=order.device)[None] < checks[:, None]  # [B, C]
+        prompt_len = self.req_states.prompt_len.gpu[step.slots].long()  # [B]
+        output_index = self.table.committed[step.slots][:, None] + order + ar_row.long() - prompt_len[:, None]
+        row_edits = [step.records[b].edits for b in np.repeat(np.arange(len(step.records)), step.widths)]
+        return edit_logits(logits, row_edits, output_index[step.rows])
 
     def _sampling(self, step: WindowStep) -> SamplingBatch:
         """Each canvas row's sampling settings, its request's (vLLM's per-request sampling state):

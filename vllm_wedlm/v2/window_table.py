@@ -36,14 +36,15 @@ class WindowStep:
     plan: BatchPlan  # refilled windows and their physical order
     rows: torch.Tensor  # [B, C] bool: canvas rows the step forwards (all C but near max_model_len)
     lossless: torch.Tensor  # [B] bool: a window whose slot 0 is the model's own next token, its run verified
-    # On the host: each window's request id, its slot and its canvas's rows (its logits rows).
+    # On the host: each window's request id, its slot, its canvas's rows (its logits rows) and its
+    # request's record (``protocol.RequestRecord``).
     req_ids: list[str]
     host_slots: np.ndarray  # [B] int64
     widths: np.ndarray  # [B] int64
-    # Where the step's rows are for the log-prob stage (``adapter/token_logprobs.py``), with each
-    # window's request record, when a request of the step asks for log-probs; else None.
+    records: list
+    # Where the step's rows are for the log-prob stage (``adapter/token_logprobs.py``), when a
+    # request of the step asks for log-probs; else None.
     index: StepIndex | None = None
-    records: list | None = None
 
 
 class WindowTable:
