@@ -19,6 +19,6 @@ A window's forward is a canvas of a fixed 2 W rows (``canvas_width``): its commi
 W, then W undecided slots, then padding rows, which causal attention keeps from the others.
 It runs plain WeDLM, lossless and per-request AR (a lossless window of one row), at a fixed W, under
 synchronous scheduling, with each request's sampling settings (seeds included), its logit edits
-(allowed ids, logit bias, min_tokens) and log-probs (the
-log-prob stage of ``adapter/token_logprobs.py``, which the V1 binding uses too).
+(allowed ids, logit bias, min_tokens) and log-probs (the log-prob stage of
+``adapter/token_logprobs.py``, which the V1 binding uses too).
 """
