@@ -1,7 +1,8 @@
 """``WeDLMSampler``: the V2 runner's sampler for WeDLM windows, built on ``core``.
 
-Given the logits of every canvas row (``WeDLMModelState.prepare_inputs`` planned them), it draws a
-token for each row, fills the chosen masks of each window, drops its committed run and keeps the
+Given the logits of every canvas row (``WeDLMModelState.prepare_inputs`` planned them), it applies
+each request's logit edits, draws a token for each row with its request's sampling settings (both
+as the V1 binding does, with ``core``), fills the chosen masks of each window, drops its committed run and keeps the
 next window in the table. The committed run (the leading filled slots the forward just wrote the
 exact KV of) is what the step reports as sampled: ``post_update`` appends those tokens and advances
 the request by their count, since every other canvas row counts as rejected. A prefill samples none.
@@ -9,7 +10,8 @@ A lossless window's run is verified against its own rows' draws first (a fill st
 before drew it); it reports the fills it accepted and the token its run's last row drew.
 
 vLLM's own sampler keeps its per-request state (the runner adds requests to it and reads its
-penalty counts), so this one wraps it and forwards those calls.
+penalty counts; this one reads its sampling settings), so this one wraps it and forwards those
+calls. Log-probs come from the V1 binding's stage (``adapter/token_logprobs.py``).
 """
 
 from __future__ import annotations
