@@ -7,3 +7,5 @@ export VLLM_USE_FLASHINFER_SAMPLER=0  # FlashInfer is not in the kit
 export VLLM_PLUGINS=                  # stock vLLM: no plugin (the project is not installed either)
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The CUTLASS DSL add-on (cutlass_addon.sh): its wheel's .pth adds dsl_packages, which a PYTHONPATH folder does not read.
+[ -d "$KIT_SITE/nvidia_cutlass_dsl/dsl_packages" ] && export PYTHONPATH="$PYTHONPATH:$KIT_SITE/nvidia_cutlass_dsl/dsl_packages"

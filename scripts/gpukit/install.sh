@@ -10,6 +10,10 @@ if [ ! -d "$KIT_SITE/vllm" ]; then
   cat "$KIT_DIR"/kit.txz.* | xz -d -T0 | tar -xf - -C "$KIT_SITE"
   echo "unpacked $parts parts into $KIT_SITE ($(du -sh "$KIT_SITE" | cut -f1))"
 fi
+if ls "$KIT_DIR"/addon.txz.* >/dev/null 2>&1 && [ ! -d "$KIT_SITE/nvidia_cutlass_dsl" ]; then
+  cat "$KIT_DIR"/addon.txz.* | xz -d -T0 | tar -xf - -C "$KIT_SITE"  # cutlass_addon.sh
+  echo "unpacked the CUTLASS DSL add-on into $KIT_SITE"
+fi
 source "$KIT_DIR/env.sh"
 python3 - <<'PY'
 import torch, triton, vllm
