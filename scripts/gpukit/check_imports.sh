@@ -21,8 +21,12 @@ if [ ! -d "$work/machine/nvidia" ]; then
 fi
 rm -rf "$work/site" && mkdir -p "$work/site"
 cat "$root/$kit_parts"/p*/kit.txz.* | xz -d -T0 | tar -xf - -C "$work/site"
+if ls "$root/$kit_parts"/p*/addon.txz.* >/dev/null 2>&1; then  # cutlass_addon.sh
+  cat "$root/$kit_parts"/p*/addon.txz.* | xz -d -T0 | tar -xf - -C "$work/site"
+fi
 cd "$work"
 export PYTHONPATH="$work/site:$work/machine" PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 VLLM_PLUGINS=
+[ -d "$work/site/nvidia_cutlass_dsl/dsl_packages" ] && PYTHONPATH="$PYTHONPATH:$work/site/nvidia_cutlass_dsl/dsl_packages"
 "$py" - "$kit_version" "$work/site" "$work/machine" "$root" <<'PY'
 import importlib
 import sys
@@ -66,7 +70,9 @@ else:  # what the V2 binding and v034_spike.py load on the GPU (FA3 for bf16, Fl
     modules += ["vllm.v1.attention.backends.flash_attn", "vllm.v1.attention.backends.flex_attention",
                 "vllm.v1.core.sched.diffusion_scheduler", "vllm.v1.worker.gpu.model_states.default",
                 "vllm_wedlm.v2.model", "vllm_wedlm.v2.model_state", "vllm_wedlm.v2.registration",
-                "vllm_wedlm.v2.scheduler", "vllm_wedlm.reference.decoder", "benchmarks.step_cost"]
+                "vllm_wedlm.v2.scheduler", "vllm_wedlm.reference.decoder", "benchmarks.step_cost",
+                # the kernel warm-up imports it on every CUDA machine (cutlass, quack: cutlass_addon.sh)
+                "vllm.model_executor.warmup.minimax_m3_msa_warmup"]
 for module in modules:
     importlib.import_module(module)
 print("vllm", vllm.__version__, "imports:", ", ".join(modules), ": ok")
