@@ -23,8 +23,9 @@ from vllm.v1.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 from vllm_wedlm.adapter.custom_processors import RowContext
 from vllm_wedlm.adapter.grammar_rows import GrammarRows
 from vllm_wedlm.adapter.protocol import wedlm_output
-from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.row_layout import RowLayout, ragged_arange
 from vllm_wedlm.adapter.step_index import StepIndex
+from vllm_wedlm.adapter.step_rows import StepRows
 from vllm_wedlm.adapter.window_step import plan_rows
 from vllm_wedlm.adapter.window_table import packet_width
 from vllm_wedlm.core.batch import (

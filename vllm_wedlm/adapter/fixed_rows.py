@@ -28,8 +28,9 @@ from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunner
 from vllm_wedlm.adapter.grammar_rows import GrammarRows
 from vllm_wedlm.adapter.outputs import AsyncOutputWithSpans, with_window_spans
 from vllm_wedlm.adapter.protocol import plan_of
-from vllm_wedlm.adapter.row_layout import RowLayout, StepRows, ragged_arange
+from vllm_wedlm.adapter.row_layout import RowLayout, ragged_arange
 from vllm_wedlm.adapter.step_index import StepIndex
+from vllm_wedlm.adapter.step_rows import StepRows
 from vllm_wedlm.adapter.window_step import check_rows, fixed_rows_window_step, leading_runs, zero_window_step
 from vllm_wedlm.config import max_window_tokens
 from vllm_wedlm.core.batch import WindowBatch, drop_leading, leading_filled, plan_windows

@@ -48,8 +48,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import RequestState, StepRows
     from vllm_wedlm.adapter.step_index import StepIndex
+    from vllm_wedlm.adapter.step_rows import RequestState, StepRows
 
 
 @dataclass(frozen=True)

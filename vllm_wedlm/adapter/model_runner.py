@@ -38,7 +38,8 @@ from vllm_wedlm.adapter.exact_rows import ExactRows
 from vllm_wedlm.adapter.fixed_rows import FixedRows
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.protocol import RequestRecord, classify, plan_of
-from vllm_wedlm.adapter.row_layout import RequestState, RowLayout
+from vllm_wedlm.adapter.row_layout import RowLayout
+from vllm_wedlm.adapter.step_rows import RequestState
 from vllm_wedlm.adapter.vllm_contract import check_runner_attributes
 from vllm_wedlm.adapter.window_step import compiled_window_step, fixed_rows_window_step, plain_window_step
 from vllm_wedlm.adapter.window_table import WindowTable

@@ -38,8 +38,8 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm_wedlm.core.logprobs import row_logprobs, token_entries
 
 if TYPE_CHECKING:
-    from vllm_wedlm.adapter.row_layout import RequestState
     from vllm_wedlm.adapter.step_index import StepIndex
+    from vllm_wedlm.adapter.step_rows import RequestState
     from vllm_wedlm.adapter.window_table import WindowTable
 
 
