@@ -7,13 +7,22 @@ the plugin's local classes were used and the remote code never ran.
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import version
-from pathlib import Path
 
-import pytest
+if version("vllm").startswith("0.34."):
+    # tests/v034's environment (its conftest.py says why), set before anything imports Triton:
+    # functions of Triton's own library (tl.cdiv, which vLLM's penalty kernel calls) run in its
+    # interpreter only when they were decorated with TRITON_INTERPRET=1 set.
+    os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu",
+                      VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
-from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint
-from vllm_wedlm.models.configuration_wedlm import BODIES
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from vllm_wedlm.checkpoints.tiny import TinySpec, make_tiny_checkpoint  # noqa: E402
+from vllm_wedlm.models.configuration_wedlm import BODIES  # noqa: E402
 
 # tests/v034 need vLLM 0.34 (.venv034, scripts/setup-vllm034.sh): scripts/test.sh runs them there.
 collect_ignore = [] if version("vllm").startswith("0.34.") else ["v034"]

@@ -5,7 +5,9 @@ through Triton's interpreter on CPU tensors: TRITON_INTERPRET=1; CUDA_VISIBLE_DE
 vLLM's Triton import on (``vllm/triton_utils/importing.py``); VLLM_TARGET_DEVICE=cpu picks the CPU
 platform, and ``vllm.v1.worker.cpu.shm`` applies vLLM's own patches of the V2 buffers for CPUs.
 VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps an engine's core in this process, where cpu_engine.py
-installs what vLLM's missing CPU extension would provide. Set before vLLM or Triton is imported.
+installs what vLLM's missing CPU extension would provide. Set before vLLM or Triton is imported
+(tests/conftest.py sets them first, before its imports reach Triton; here for a run of this folder
+alone from another root).
 """
 
 import os

@@ -358,3 +358,75 @@ def test_logit_edits_apply_to_every_row_of_their_request(prompts):
     reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
     assert harness.finished["unedited"].token_ids == reference.generate(
         prompt, StopRule(max_tokens=max_tokens, stop_token_ids=STOP)).token_ids
+
+
+def context_edited_ar(model, prompt: list[int], max_tokens: int, params: SamplingParams) -> list[int]:
+    """AR decoding (greedy) with a request's bad words and penalties as vLLM 0.34's AR sampler applies
+    them: each bad word's last token banned where the output ends with the rest of it, then its own
+    penalty kernel over the prompt's tokens and the output's counts."""
+    import numpy as np
+    import torch
+    from vllm.v1.worker.gpu.sample.penalties import apply_penalties
+
+    vocab = model.config.vocab_size
+    packed = np.zeros((vocab + 31) // 32, np.uint32)  # the prompt's tokens, a bit each (vLLM's layout)
+    for token in prompt:
+        packed[token // 32] |= np.uint32(1) << np.uint32(token % 32)
+    prompt_mask = torch.from_numpy(packed.view(np.int32))[None].contiguous()
+    settings = torch.tensor([[params.repetition_penalty], [params.frequency_penalty], [params.presence_penalty]],
+                            dtype=torch.float32)
+    zero = torch.zeros(1, dtype=torch.long)
+    output: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            row = model(input_ids=torch.tensor([prompt + output])).logits[0, -1:].float().contiguous()
+            for word in params.bad_words_token_ids or ():
+                if len(output) >= len(word) - 1 and output[len(output) - len(word) + 1:] == list(word[:-1]):
+                    row[0, word[-1]] = float("-inf")
+            counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=vocab)[None].to(torch.int32)
+            apply_penalties(row, zero, zero, zero, settings[0].contiguous(), settings[1].contiguous(),
+                            settings[2].contiguous(), prompt_mask, counts.contiguous())
+            output.append(int(row[0].argmax()))
+            if output[-1] in STOP:
+                break
+    return output
+
+
+@pytest.mark.parametrize("num_blocks", [256, 12], ids=["roomy", "preempting"])
+def test_penalties_and_bad_words_see_the_tokens_before_each_row(prompts, num_blocks):
+    """Repetition, presence and frequency penalties and bad words on V2 (``v2/context_edits.py``): a
+    lossless and a per-request AR request give vLLM 0.34's AR tokens under them (its penalty kernel
+    over the tokens each row sees), also through preemptions; a plain request never gives a bad
+    word of one token and its penalties change its tokens; a request without them beside gives the reference's."""
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    prompt, max_tokens = prompts[3], 64
+    greedy = greedy_ar(model, prompt, max_tokens)
+    penalties = {"repetition_penalty": 1.3, "presence_penalty": 0.8, "frequency_penalty": 0.6}
+    words = [[greedy[0]], [greedy[2], greedy[3]]]  # AR's first token, and the pair after its second
+    # Token ids as a tokenizer makes them from ``bad_words`` (the harness has none).
+    cases = {"penalties": penalties, "bad-words": {"_bad_words_token_ids": words},
+             "both": {**penalties, "_bad_words_token_ids": words}}
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=num_blocks)
+    for case, settings in cases.items():
+        for name in ("plain", "lossless", "ar"):
+            harness.add(f"{name}-{case}", prompt, sampled(name, max_tokens, **settings))
+    harness.add("unedited", prompt, kind("plain", max_tokens))
+    harness.run()
+    if num_blocks == 12:
+        assert harness.trace.preemptions >= 2
+    for case, settings in cases.items():
+        params = sampled("plain", max_tokens, **settings)
+        expected = context_edited_ar(model, prompt, max_tokens, params)
+        assert expected != greedy, case  # the edits change AR's tokens
+        for name in ("lossless", "ar"):
+            assert harness.finished[f"{name}-{case}"].token_ids == expected, (name, case)
+        plain = harness.finished[f"plain-{case}"].token_ids
+        if "_bad_words_token_ids" in settings:
+            # (a word of two tokens may still end in a plain window where its first was a mask when
+            # the row of its second filled, as on V1; the lossless and AR rows see it and ban it)
+            assert greedy[0] not in plain
+        else:
+            assert plain != harness.finished["unedited"].token_ids
+    reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
+    assert harness.finished["unedited"].token_ids == reference.generate(
+        prompt, StopRule(max_tokens=max_tokens, stop_token_ids=STOP)).token_ids

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from vllm.model_executor.layers.utils import apply_penalties
 
-from vllm_wedlm.core.row_context import UNKNOWN, empty_history, ends_with, record_tokens, record_windows, row_tokens
+from vllm_wedlm.core.row_context import UNKNOWN, ban_bad_words, empty_history, record_tokens, record_windows, row_tokens
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,8 @@ class RowContextEdits:
         slot = torch.from_numpy(step.slots[requests]).to(device, non_blocking=True)  # [n]
         begin = torch.from_numpy(prompt_len[requests]).to(device, non_blocking=True)  # [n]
         position = layout.row_positions()[index]  # [n]
-        for i in np.flatnonzero(edited):
-            words = states[i].context_edits.bad_words
-            if not words:
-                continue
-            mine = torch.from_numpy(requests == i).to(device, non_blocking=True)  # [n]: its rows
-            for word in words:
-                banned = mine & ends_with(self.history, slot, begin, position, word[:-1])  # [n]
-                logits[index, word[-1]] = logits[index, word[-1]].masked_fill(banned, float("-inf"))
+        ban_bad_words(logits, index, self.history, slot, begin, position,
+                      [states[i].context_edits.bad_words for i in requests])
         if before_penalties is not None:
             logits = before_penalties(logits)
         penalised = np.fromiter((states[i].context_edits.penalises for i in requests), bool, len(requests))

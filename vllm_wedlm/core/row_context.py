@@ -72,3 +72,22 @@ def ends_with(history: torch.Tensor, slot: torch.Tensor, begin: torch.Tensor, po
     token = history[slot[:, None], span.clamp(0, history.shape[1] - 1)]  # [N, k]
     wanted = torch.tensor(prefix, dtype=torch.long, device=history.device)[None]  # [1, k]
     return (token == wanted).all(1) & (first >= begin)
+
+
+def ban_bad_words(logits: torch.Tensor, index: torch.Tensor, history: torch.Tensor, slot: torch.Tensor,
+                  begin: torch.Tensor, position: torch.Tensor, row_words: list[tuple[tuple[int, ...], ...]]) -> None:
+    """Ban, in place, each bad word's last token on the logits rows ``index`` ([n]) whose known
+    tokens before ``position`` ([n]) are the rest of the word, all of them output (at or after
+    ``begin``; ``slot``: each row's history row). ``row_words`` [n]: the bad words of each row's
+    request (token ids each). The rows of one request share a word list, so rows are grouped by it."""
+    groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+    for k, words in enumerate(row_words):
+        if words:
+            groups.setdefault(words, []).append(k)
+    for words, members in groups.items():
+        mine = torch.zeros(len(row_words), dtype=torch.bool)
+        mine[members] = True
+        mine = mine.to(position.device, non_blocking=True)  # [n]: the rows of this word list
+        for word in words:
+            banned = mine & ends_with(history, slot, begin, position, word[:-1])  # [n]
+            logits[index, word[-1]] = logits[index, word[-1]].masked_fill(banned, float("-inf"))

@@ -30,6 +30,7 @@ from vllm_wedlm.core.batch import dense_drafts, fill_masks, leading_filled, slot
 from vllm_wedlm.core.logit_edits import edit_logits
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
+from vllm_wedlm.v2.context_edits import apply_context_edits
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
 
 
@@ -74,18 +75,26 @@ class WeDLMSampler:
                              num_sampled=num_sampled, num_rejected=num_rejected)
 
     def _edited(self, logits: torch.Tensor, step: WindowStep) -> torch.Tensor:
-        """The rows with their requests' allowed tokens, logit bias and min_tokens (``core/logit_edits.py``,
-        the V1 binding's too), or as they are. min_tokens reads the output index each row predicts:
-        a mask row its own slot's, a lossless window's leading-run row (an AR row) the next one."""
-        if all(record.edits is None for record in step.records):
+        """The rows with their requests' edits, or as they are: allowed tokens, logit bias and
+        min_tokens (``core/logit_edits.py``, the V1 binding's too), then bad words and penalties
+        (``context_edits.py``), in the order of vLLM's AR sampler. min_tokens reads the output index
+        each row predicts, the penalties the tokens before it: a mask row predicts its own slot, a
+        lossless window's leading-run row (an AR row) the next one."""
+        if all(record.edits is None and record.context_edits is None for record in step.records):
             return logits
         order = step.plan.order  # [B, C]: the slot each physical row feeds
         checks = torch.where(step.lossless, leading_filled(step.plan.windows.filled), 0)  # [B]
         ar_row = torch.arange(order.shape[1], device=order.device)[None] < checks[:, None]  # [B, C]
-        prompt_len = self.req_states.prompt_len.gpu[step.slots].long()  # [B]
-        output_index = self.table.committed[step.slots][:, None] + order + ar_row.long() - prompt_len[:, None]
-        row_edits = [step.records[b].edits for b in np.repeat(np.arange(len(step.records)), step.widths)]
-        return edit_logits(logits, row_edits, output_index[step.rows])
+        committed = self.table.committed[step.slots]  # [B]: each window's start
+        positions = (committed[:, None] + order + ar_row.long())[step.rows]  # [N]: the position each row predicts
+        if any(record.edits is not None for record in step.records):
+            row_window = np.repeat(np.arange(len(step.records)), step.widths)  # [N]
+            prompt_len = self.req_states.prompt_len.gpu[step.slots].long()  # [B]
+            output_index = positions - prompt_len[torch.from_numpy(row_window).to(logits.device)]
+            logits = edit_logits(logits, [step.records[b].edits for b in row_window], output_index)  # a float32 copy
+        else:  # a float32 copy, as vLLM's sampler edits (the raw logits stay for log-probs)
+            logits = logits.to(torch.float32, copy=True)
+        return apply_context_edits(logits, step, positions, committed, self.req_states, self.penalties_state)
 
     def _sampling(self, step: WindowStep) -> SamplingBatch:
         """Each canvas row's sampling settings, its request's (vLLM's per-request sampling state):
