@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-from vllm.config import CacheConfig, DiffusionConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DiffusionConfig, ModelConfig, ReasoningConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -93,8 +93,9 @@ class Trace:
 
 
 def vllm_config(checkpoint: Path, window_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                max_model_len: int, block_size: int) -> VllmConfig:
-    """A synchronous V2 engine's config for a WeDLM checkpoint: a canvas of 2 W, the WeDLM scheduler."""
+                max_model_len: int, block_size: int, reasoning: ReasoningConfig | None = None) -> VllmConfig:
+    """A synchronous V2 engine's config for a WeDLM checkpoint: a canvas of 2 W, the WeDLM scheduler;
+    ``reasoning``: its markers' token ids set (the harness has no tokenizer to find them)."""
     register()
     model = ModelConfig(model=str(checkpoint), dtype="float32", seed=0, max_model_len=max_model_len,
                         skip_tokenizer_init=True)
@@ -103,15 +104,16 @@ def vllm_config(checkpoint: Path, window_size: int, max_num_seqs: int, max_num_b
                                 scheduler_cls=WeDLMScheduler, is_encoder_decoder=False)
     return VllmConfig(model_config=model, scheduler_config=scheduler,
                       cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=False),
-                      diffusion_config=DiffusionConfig(canvas_length=canvas_width(window_size)))
+                      diffusion_config=DiffusionConfig(canvas_length=canvas_width(window_size)),
+                      reasoning_config=reasoning)
 
 
 class StepHarness:
     def __init__(self, checkpoint: Path, window_size: int = 16, max_num_seqs: int = 4,
                  max_num_batched_tokens: int = 512, max_model_len: int = 512, block_size: int = 16,
-                 num_blocks: int = 256):
+                 num_blocks: int = 256, reasoning: ReasoningConfig | None = None):
         self.config = vllm_config(checkpoint, window_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                                  block_size)
+                                  block_size, reasoning)
         self.canvas = canvas_width(window_size)
         kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,

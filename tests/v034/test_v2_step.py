@@ -430,3 +430,71 @@ def test_penalties_and_bad_words_see_the_tokens_before_each_row(prompts, num_blo
     reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
     assert harness.finished["unedited"].token_ids == reference.generate(
         prompt, StopRule(max_tokens=max_tokens, stop_token_ids=STOP)).token_ids
+
+
+def reasoning_markers(start: list[int], natural_end: list[int], forced_end: list[int]):
+    """vLLM's reasoning config with its markers' token ids set (as ``initialize_token_ids`` sets them
+    from a parser's strings)."""
+    from vllm.config import ReasoningConfig
+
+    config = ReasoningConfig()
+    config._reasoning_start_token_ids, config._natural_reasoning_end_token_ids = start, natural_end
+    config._reasoning_end_token_ids = forced_end
+    return config
+
+
+def budgeted_ar(model, prompt: list[int], max_tokens: int, budget: int, start: list[int], natural_end: list[int],
+                forced_end: list[int]) -> list[int]:
+    """Greedy AR decoding under a thinking budget, by vLLM's rule: once the tokens after the last start
+    marker (with no natural end after it) reach the budget, the next token is the forced end's next
+    marker token (after any prefix of it the sequence already ends with)."""
+    import torch
+
+    def last(seq: list[int], marker: list[int]) -> int:
+        return max((i for i in range(len(seq) - len(marker) + 1) if seq[i:i + len(marker)] == marker), default=-1)
+
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            begin, end = last(seq, start), last(seq, natural_end)
+            if begin >= 0 and begin > end and len(seq) - (begin + len(start)) >= budget:
+                done = max((p for p in range(1, len(forced_end)) if seq[len(seq) - p:] == forced_end[:p]), default=0)
+                seq.append(forced_end[done])
+            else:
+                seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+            if seq[-1] in STOP:
+                break
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("num_blocks", [256, 12], ids=["roomy", "preempting"])
+def test_a_thinking_budget_forces_the_end_of_reasoning(prompts, num_blocks):
+    """A request with a thinking budget is decoded AR (a canvas of its one AR row), and vLLM 0.34's own
+    budget state forces the end of its reasoning there: its tokens are AR's under the budget rule,
+    through preemptions too, beside a request without a budget that gives the reference's. Markers:
+    AR's second token starts reasoning; two tokens AR never gives end it (the second its natural end)."""
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    prompt, max_tokens = prompts[0], 48
+    greedy = greedy_ar(model, prompt, max_tokens)
+    unused = [t for t in range(model.config.vocab_size) if t not in set(greedy) | set(prompt) | STOP and t != MASK_ID]
+    start, forced_end = [greedy[1]], unused[:2]
+    assert greedy[1] not in prompt and greedy[1] not in greedy[2:6]  # one start, early
+    markers = reasoning_markers(start, forced_end[1:], forced_end)
+    harness = StepHarness(MICRO_CHECKPOINT, window_size=W, max_num_seqs=4, num_blocks=num_blocks, reasoning=markers)
+    budgets = (2, 5)
+    for budget in budgets:
+        harness.add(f"budget-{budget}", prompt, sampled("plain", max_tokens, thinking_token_budget=budget))
+    harness.add("plain", prompts[1], kind("plain", max_tokens))
+    harness.add("lossless", prompts[2], kind("lossless", max_tokens))
+    harness.run()
+    if num_blocks == 12:
+        assert harness.trace.preemptions >= 1
+    for budget in budgets:
+        expected = budgeted_ar(model, prompt, max_tokens, budget, start, forced_end[1:], forced_end)
+        assert expected[2 + budget: 4 + budget] == forced_end and expected != greedy
+        assert harness.finished[f"budget-{budget}"].token_ids == expected, budget
+        assert set(harness.trace.runs[f"budget-{budget}"]) == {1}  # one token a forward: decoded AR
+    stop = StopRule(max_tokens=max_tokens, stop_token_ids=STOP)
+    reference = ReferenceDecoder(model, mask_token_id=MASK_ID, window_size=W)
+    assert harness.finished["plain"].token_ids == reference.generate(prompts[1], stop).token_ids
+    assert harness.finished["lossless"].token_ids == greedy_ar(model, prompts[2], max_tokens)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.input_batch import InputBatch, get_num_sampled_and_rejected
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
@@ -59,7 +60,7 @@ class WeDLMSampler:
         logprobs = None
         if step is not None:
             raw_logits = logits  # [N, V]: what log-probs read (vLLM's default); the edits' are a copy
-            logits = self._edited(logits, step)
+            logits = self._thinking_budget(self._edited(logits, step), raw_logits, step)
             row_draws = sample(logits, self._sampling(step), self.table.mask_id)  # [N]: each row's draw
             if step.index is not None:  # before the windows move on: where each plain fill may go
                 self._fill_rings(raw_logits, row_draws, step)
@@ -95,6 +96,35 @@ class WeDLMSampler:
         else:  # a float32 copy, as vLLM's sampler edits (the raw logits stay for log-probs)
             logits = logits.to(torch.float32, copy=True)
         return apply_context_edits(logits, step, positions, committed, self.req_states, self.penalties_state)
+
+    def _thinking_budget(self, logits: torch.Tensor, raw_logits: torch.Tensor, step: WindowStep) -> torch.Tensor:
+        """The rows of requests with a thinking budget, with vLLM's own budget state applied (it
+        forces the end of reasoning once the budget is spent), after every other edit, as vLLM's
+        sampler applies it. Such a request is decoded AR (``config.decodes_ar``): its canvas is the
+        one row of its unforwarded last token (a lossless window of one row), which predicts the
+        position after every token vLLM holds for it, the row vLLM's AR step has."""
+        budget = self.base.thinking_budget_state
+        if not budget.enabled:
+            return logits
+        budgeted = np.flatnonzero(budget.use_thinking_budget[step.host_slots])  # [b] of the step's windows
+        if not len(budgeted):
+            return logits
+        assert (step.widths[budgeted] == 1).all(), "a request with a thinking budget is decoded AR"
+        if logits is raw_logits:  # log-probs read the raw rows
+            logits = logits.to(torch.float32, copy=True)
+        device = logits.device
+        windows = torch.from_numpy(budgeted).to(device)
+        rows = torch.from_numpy(np.cumsum(step.widths)[budgeted] - 1).to(device)  # [b]: each one's row
+        slots = step.slots[windows]  # [b]
+        host_slots = step.host_slots[budgeted]
+        picked = logits[rows]  # [b, V]
+        budget.apply(picked, LogitsContext(
+            expanded_idx_mapping=slots, idx_mapping=slots, idx_mapping_np=host_slots,
+            expanded_local_pos=torch.zeros_like(slots), input_ids=step.plan.windows.tokens[windows, 0],
+            pos=self.table.committed[slots],  # the row's own position: its token's, slot 0
+            seq_lens_upper_bound_np=self.req_states.num_computed_tokens_np[host_slots] + 1))
+        logits[rows] = picked
+        return logits
 
     def _sampling(self, step: WindowStep) -> SamplingBatch:
         """Each canvas row's sampling settings, its request's (vLLM's per-request sampling state):
