@@ -5,6 +5,7 @@ in fewer forwards than tokens."""
 from __future__ import annotations
 
 import json
+import re
 
 import cpu_engine
 import pytest
@@ -16,6 +17,7 @@ from vllm_wedlm.models.transformers_body import load_transformers_model
 from vllm_wedlm.reference.decoder import ReferenceDecoder, StopRule
 from vllm_wedlm.training.data.tasks import chat_prompt
 from vllm_wedlm.v2.model_state import WeDLMModelState
+from vllm_wedlm.v2.request_validator import QUALNAME
 
 W = 16
 STOP = sorted(json.loads((MICRO_CHECKPOINT / "generation_config.json").read_text())["eos_token_id"])
@@ -37,7 +39,7 @@ def outputs(monkeypatch_module) -> dict[str, object]:
     monkeypatch_module.setattr(WeDLMModelState, "prepare_inputs", counted)
     llm = LLM(model=str(MICRO_CHECKPOINT), max_model_len=512, max_num_seqs=4,
               diffusion_config={"canvas_length": 2 * W}, scheduler_cls="vllm_wedlm.v2.scheduler.WeDLMScheduler",
-              **cpu_engine.ENGINE_ARGS)
+              logits_processors=[QUALNAME], **cpu_engine.ENGINE_ARGS)
     tokenizer = llm.get_tokenizer()
     tasks = held_out_tasks(4, ("arithmetic",), max_number=19)["arithmetic"]
     prompts = [chat_prompt(tokenizer, t) for t in tasks]
@@ -51,7 +53,7 @@ def outputs(monkeypatch_module) -> dict[str, object]:
                                                   extra_args=extra, logprobs=n)
                                    for extra, n in zip(kinds, asks, strict=True)], use_tqdm=False)
     return {"prompts": [tokenizer(p)["input_ids"] for p in prompts], "results": results, "forwards": plain_forwards,
-            "mixed": mixed}
+            "mixed": mixed, "llm": llm}
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +123,24 @@ def test_the_plugin_entry_point_registers_the_v2_binding_on_this_vllm(outputs):
 
     assert not has_v1_model_runner()
     assert ModelRegistry._try_load_model_cls(ARCHITECTURE) is WeDLMForCausalLM
+
+
+@pytest.mark.parametrize(("asks", "message"), [
+    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured outputs"),
+    ({"extra_args": {"wedlm_entropy_treshold": 0.3}}, "unknown WeDLM key(s) 'wedlm_entropy_treshold'"),
+    ({"extra_args": {"wedlm_lossless": "maybe"}}, "wedlm_lossless"),
+])
+def test_the_front_end_refuses_what_the_binding_cannot_serve_and_serves_on(outputs, asks, message):
+    """The V2 binding's request validator (vLLM 0.34's front end runs it at admission) fails a request
+    it cannot serve with a message that names what, and the engine serves the next request as before."""
+    from vllm.exceptions import VLLMValidationError  # what vLLM 0.34 makes of a ValueError there (a 400)
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm = outputs["llm"]
+    if "structured_outputs" in asks:
+        asks = {"structured_outputs": StructuredOutputsParams(**asks["structured_outputs"])}
+    with pytest.raises(VLLMValidationError, match=re.escape(message)):
+        llm.generate(["1+1="], SamplingParams(temperature=0.0, max_tokens=8, **asks), use_tqdm=False)
+    again = llm.generate([{"prompt_token_ids": outputs["prompts"][0]}],
+                         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP), use_tqdm=False)
+    assert again[0].outputs[0].token_ids == outputs["results"][0].outputs[0].token_ids
