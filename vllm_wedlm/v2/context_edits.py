@@ -41,7 +41,7 @@ def apply_context_edits(logits: torch.Tensor, step: WindowStep, positions: torch
     # Columns up to the furthest position a row of theirs predicts: its window's start (vLLM's count
     # of computed tokens, on the host) plus its canvas, and one more for a lossless window's last row.
     length = int((req_states.num_computed_tokens_np[step.host_slots[windows]] + step.widths[windows]).max()) + 1
-    picked = torch.from_numpy(windows).to(device)
+    picked = torch.from_numpy(windows).to(device, non_blocking=True)
     history = _known_tokens(step, picked, committed[picked], req_states.all_token_ids.gpu, length)  # [Be, length + 1]
     index = torch.from_numpy(rows).to(device, non_blocking=True)  # [n]
     slot = torch.from_numpy(local[window_of_row[rows]]).to(device, non_blocking=True)  # [n]

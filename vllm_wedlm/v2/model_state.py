@@ -153,6 +153,7 @@ class WeDLMModelState(DefaultModelState):
         records = [self.records[req_id] for req_id in req_ids]
         self.step = WindowStep(batch_index, slots, plan, rows, lossless, req_ids,
                                input_batch.idx_mapping_np[windowed].astype(np.int64), num_logits[windowed], records,
+                               np.fromiter((draws_from_ar_rows(r) for r in records), bool, len(records)),
                                self._logprob_index(input_batch, windowed, num_logits[windowed], records))
         return {"positions": positions}
 

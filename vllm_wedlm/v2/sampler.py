@@ -113,8 +113,8 @@ class WeDLMSampler:
         if logits is raw_logits:  # log-probs read the raw rows
             logits = logits.to(torch.float32, copy=True)
         device = logits.device
-        windows = torch.from_numpy(budgeted).to(device)
-        rows = torch.from_numpy(np.cumsum(step.widths)[budgeted] - 1).to(device)  # [b]: each one's row
+        windows = torch.from_numpy(budgeted).to(device, non_blocking=True)
+        rows = torch.from_numpy(np.cumsum(step.widths)[budgeted] - 1).to(device, non_blocking=True)  # [b]: their rows
         slots = step.slots[windows]  # [b]
         host_slots = step.host_slots[budgeted]
         picked = logits[rows]  # [b, V]
@@ -159,7 +159,8 @@ class WeDLMSampler:
         may fill (its absolute position; a row of a filled slot or of padding fills nothing)."""
         plan = step.plan
         order = plan.order  # [B, C]: the slot each physical row feeds
-        asks = torch.tensor([record.logprobs for record in step.records], device=logits.device) & ~step.lossless
+        asks = np.fromiter((record.logprobs for record in step.records), bool, len(step.records))
+        asks = torch.from_numpy(asks & ~step.lossless_host).to(logits.device, non_blocking=True)  # [B]
         masked = ~plan.windows.filled.gather(1, order) & (order < plan.windows.length[:, None])  # [B, C]
         positions = torch.where(asks[:, None] & masked, self.table.committed[step.slots][:, None] + order, -1)
         self.token_logprobs.fill_rings(logits, row_draws, None, step.slots[:, None].expand_as(order)[step.rows],
@@ -196,7 +197,7 @@ class WeDLMSampler:
         first_row = torch.zeros_like(plan.num_commit)
         drawn = slots_of_rows(drawn, plan.order, first_row)  # [B, C] per slot: the draw of its row
         verified, num_commit = None, plan.num_commit
-        if step.lossless.any():
+        if step.lossless_host.any():  # (the device copy's .any() would wait for the forward)
             # Row j of a lossless window's leading run checks slot j + 1 (a fill): accepted where
             # its draw is that fill; the run's last row draws the next token.
             checks = torch.where(step.lossless, leading_filled(plan.windows.filled), 0)  # [B]

@@ -42,6 +42,7 @@ class WindowStep:
     host_slots: np.ndarray  # [B] int64
     widths: np.ndarray  # [B] int64
     records: list
+    lossless_host: np.ndarray  # [B] bool: ``lossless`` on the host, read without a sync mid-step
     # Where the step's rows are for the log-prob stage (``adapter/token_logprobs.py``), when a
     # request of the step asks for log-probs; else None.
     index: StepIndex | None = None
