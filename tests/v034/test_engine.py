@@ -144,3 +144,40 @@ def test_the_front_end_refuses_what_the_binding_cannot_serve_and_serves_on(outpu
     again = llm.generate([{"prompt_token_ids": outputs["prompts"][0]}],
                          SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP), use_tqdm=False)
     assert again[0].outputs[0].token_ids == outputs["results"][0].outputs[0].token_ids
+
+
+def test_prompt_log_probs_are_vllms_own_on_the_v2_binding(outputs):
+    """prompt_logprobs come from vLLM 0.34's own worker on the prompt's hidden states, untouched by
+    the WeDLM state: each prompt token's entry is the model's log-probability of it after the tokens
+    before it, beside a WeDLM decode that still gives the reference's tokens."""
+    import torch
+
+    llm, prompt = outputs["llm"], outputs["prompts"][1]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP, prompt_logprobs=2)
+    result = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    entries = result.prompt_logprobs
+    assert entries[0] is None and len(entries) == len(prompt)  # the first token has no context
+    model = load_transformers_model(MICRO_CHECKPOINT)
+    with torch.no_grad():
+        rows = model(input_ids=torch.tensor([prompt])).logits[0, :-1].float().log_softmax(-1)  # [P - 1, V]
+    expected = rows.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+    got = [entry[token].logprob for entry, token in zip(entries[1:], prompt[1:], strict=True)]
+    assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < 1e-4
+    assert all(len(entry) in (2, 3) for entry in entries[1:])  # the top 2, and the token if not among them
+    assert result.outputs[0].token_ids == outputs["results"][1].outputs[0].token_ids
+
+
+def test_an_engine_with_custom_logits_processors_refuses_to_start():
+    """The V2 binding does not apply custom logits processors to canvas rows yet, so an engine given
+    one stops at start-up with a message that names it, rather than serve as if it ran."""
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
+
+    class KeepsEverything(LogitsProcessor):
+        def apply(self, logits, ctx):
+            return logits
+
+    cpu_engine.install()
+    with pytest.raises(ValueError, match=r"custom logits processors \(.*KeepsEverything\)"):
+        LLM(model=str(MICRO_CHECKPOINT), max_model_len=512, max_num_seqs=4, diffusion_config={"canvas_length": 2 * W},
+            scheduler_cls="vllm_wedlm.v2.scheduler.WeDLMScheduler", logits_processors=[QUALNAME, KeepsEverything],
+            **cpu_engine.ENGINE_ARGS)

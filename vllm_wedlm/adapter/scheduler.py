@@ -34,6 +34,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_wedlm.adapter.async_gate import padding_gate, step_cost
 from vllm_wedlm.adapter.grammar_rows import note_reasoning_end
+from vllm_wedlm.adapter.held_prompt_logprobs import HeldPromptLogprobs
 from vllm_wedlm.adapter.protocol import (
     RequestKind,
     RequestRecord,
@@ -121,8 +122,8 @@ class WeDLMScheduler(Scheduler):
         # The diffusion counters of a step's forwards of W 0 without drafts (an AR step's, a W 0 window
         # drawn from a re-prefill), until vLLM makes the step's stats.
         self._undrafted_stats: SpecDecodingStats | None = None
-        # req_id -> prompt log-probs computed with a step that returned no token (_hold_prompt_logprobs).
-        self._held_prompt_logprobs: dict[str, object] = {}
+        # Prompt log-probs computed with a step that returned no token, until one does.
+        self._prompt_logprobs = HeldPromptLogprobs()
         self._last_log = time.monotonic()
         # The adaptive window: each request's W per step (None: always the server's W), W 0 included
         # on this synchronous engine (an AR step of the whole batch, ``_steps_ar``).
@@ -337,7 +338,7 @@ class WeDLMScheduler(Scheduler):
                 request = self.requests.get(req_id)
                 if request is not None and not request.is_finished():
                     request.num_computed_tokens -= count
-        self._hold_prompt_logprobs(model_runner_output)
+        self._prompt_logprobs.hold(model_runner_output, self.requests)
         if self._sizer is not None and model_runner_output.sampled_token_ids:
             sampled, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
             self._sizer.observe(plan.forwarded_sizes, {req_id: len(sampled[index[req_id]])
@@ -375,28 +376,6 @@ class WeDLMScheduler(Scheduler):
         if appended is None:
             appended = super()._update_request_with_output(request, new_token_ids)
         return self._count_returned(request, appended)
-
-    def _hold_prompt_logprobs(self, output) -> None:
-        """vLLM hands a request's prompt log-probs over with the step that completes its prompt, and
-        requires that step to return tokens as well (an AR step always does). A plain WeDLM request's
-        first window rides with its prompt and may return nothing until the next step, so its
-        log-probs wait here for its first step that returns tokens."""
-        computed = output.prompt_logprobs_dict
-        if not computed and not self._held_prompt_logprobs:
-            return
-        index, sampled = output.req_id_to_index, output.sampled_token_ids
-
-        def returns_tokens(req_id: str) -> bool:
-            return bool(sampled) and req_id in index and len(sampled[index[req_id]]) > 0
-
-        for req_id in [r for r, tensors in computed.items() if tensors is not None and not returns_tokens(r)]:
-            self._held_prompt_logprobs[req_id] = computed.pop(req_id)
-        for req_id in list(self._held_prompt_logprobs):
-            request = self.requests.get(req_id)
-            if request is None or request.is_finished():
-                del self._held_prompt_logprobs[req_id]  # aborted before its first token
-            elif returns_tokens(req_id):
-                computed[req_id] = self._held_prompt_logprobs.pop(req_id)
 
     def _count_returned(self, request, appended: tuple[list[int], bool]) -> tuple[list[int], bool]:
         """Count what a request whose window this step forwarded got of its run (``appended``: the

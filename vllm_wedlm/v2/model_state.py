@@ -184,6 +184,26 @@ class WeDLMModelState(DefaultModelState):
             self.table.committed[live] = num_computed_tokens[live].long()
 
     def custom_sampler(self, sampler: Any) -> tuple[WeDLMSampler, None]:
+        refuse_custom_processors(sampler.logits_processors)
         self.token_logprobs = TokenLogprobs(self.model_config.max_logprobs, self.table,
                                             self.model_config.get_vocab_size())
         return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs, self.generators), None
+
+
+def refuse_custom_processors(processors: list) -> None:
+    """``ValueError`` at start-up naming each logits processor beyond vLLM's built-in ones (logit bias,
+    penalties, bad words: the WeDLM sampler applies their settings itself) and the plugin's request
+    validator: the V2 binding does not apply custom processors to canvas rows yet, and an engine
+    that ignored them would serve requests as if they had run."""
+    from vllm.v1.worker.gpu.sample.bad_words import BadWordsState
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+    from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
+
+    from vllm_wedlm.v2.request_validator import WeDLMRequestValidator
+
+    known = (LogitBiasState, PenaltiesState, BadWordsState, WeDLMRequestValidator)
+    custom = [type(p).__module__ + "." + type(p).__qualname__ for p in processors if not isinstance(p, known)]
+    if custom:
+        raise ValueError(f"Not supported yet with WeDLM decoding on vLLM 0.34 (Model Runner V2): custom logits "
+                         f"processors ({', '.join(custom)}); start without them (--logits-processors, or a "
+                         f"plugin of the vllm.logits_processors entry point), or use vLLM 0.26")

@@ -19,6 +19,9 @@ the last token draws the next one. Its prefill stops one token short (``_update_
 the prompt's last token is the first canvas's slot 0, whose row draws the first output token, which
 V2 gives no prefill row for when a step samples no token of its own. (A prompt of one token starts
 with that canvas.)
+
+A prefill returns no token, so its prompt log-probs wait for the request's first run
+(``adapter/held_prompt_logprobs.py``): vLLM 0.34 asserts a step with them returns tokens.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from weakref import WeakKeyDictionary
 
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler, diffusion_canvas_width
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
+from vllm_wedlm.adapter.held_prompt_logprobs import HeldPromptLogprobs
 from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify
 from vllm_wedlm.config import WeDLMSettings
 
@@ -45,6 +51,8 @@ class WeDLMScheduler(DiffusionScheduler):
         self.settings = WeDLMSettings(window_size=self.num_spec_tokens // 2, adaptive_window=False)
         # Each request's record (``protocol.classify``), read once; forgotten with the request.
         self._records: WeakKeyDictionary[Request, RequestRecord] = WeakKeyDictionary()
+        # Prompt log-probs of a prefill (which returns no token here), until the request's first run.
+        self._prompt_logprobs = HeldPromptLogprobs()
 
     def record(self, request: Request) -> RequestRecord:
         record = self._records.get(request)
@@ -75,6 +83,11 @@ class WeDLMScheduler(DiffusionScheduler):
                 # every row is a logits row, that token's first.
                 output.scheduled_spec_decode_tokens[req_id] = [-1] * rows
         return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
+        self._prompt_logprobs.hold(model_runner_output, self.requests)
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # A prefill that would reach the last token of a request that draws from AR rows stops one
