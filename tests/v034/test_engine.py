@@ -126,7 +126,6 @@ def test_the_plugin_entry_point_registers_the_v2_binding_on_this_vllm(outputs):
 
 
 @pytest.mark.parametrize(("asks", "message"), [
-    ({"structured_outputs": {"regex": "[0-9]+"}}, "structured outputs"),
     ({"extra_args": {"wedlm_entropy_treshold": 0.3}}, "unknown WeDLM key(s) 'wedlm_entropy_treshold'"),
     ({"extra_args": {"wedlm_lossless": "maybe"}}, "wedlm_lossless"),
 ])
@@ -134,11 +133,8 @@ def test_the_front_end_refuses_what_the_binding_cannot_serve_and_serves_on(outpu
     """The V2 binding's request validator (vLLM 0.34's front end runs it at admission) fails a request
     it cannot serve with a message that names what, and the engine serves the next request as before."""
     from vllm.exceptions import VLLMValidationError  # what vLLM 0.34 makes of a ValueError there (a 400)
-    from vllm.sampling_params import StructuredOutputsParams
 
     llm = outputs["llm"]
-    if "structured_outputs" in asks:
-        asks = {"structured_outputs": StructuredOutputsParams(**asks["structured_outputs"])}
     with pytest.raises(VLLMValidationError, match=re.escape(message)):
         llm.generate(["1+1="], SamplingParams(temperature=0.0, max_tokens=8, **asks), use_tqdm=False)
     again = llm.generate([{"prompt_token_ids": outputs["prompts"][0]}],
@@ -181,3 +177,49 @@ def test_an_engine_with_custom_logits_processors_refuses_to_start():
         LLM(model=str(MICRO_CHECKPOINT), max_model_len=512, max_num_seqs=4, diffusion_config={"canvas_length": 2 * W},
             scheduler_cls="vllm_wedlm.v2.scheduler.WeDLMScheduler", logits_processors=[QUALNAME, KeepsEverything],
             **cpu_engine.ENGINE_ARGS)
+
+
+def grammar_ar(model, tokenizer, prompt: list[int], regex: str, max_tokens: int) -> list[int]:
+    """AR decoding (greedy) under a regular expression, with xgrammar's own matcher (independent of the
+    binding's grammar stage): each token the likeliest the grammar allows."""
+    import torch
+    import xgrammar as xgr
+
+    vocab = model.config.vocab_size
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab, stop_token_ids=STOP)
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_regex(regex))
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits = model(input_ids=torch.tensor([tokens])).logits[0, -1:].float()
+            matcher.fill_next_token_bitmask(bitmask)
+            xgr.apply_token_bitmask_inplace(logits, bitmask)
+            tokens.append(int(logits[0].argmax()))
+            assert matcher.accept_token(tokens[-1])
+            if tokens[-1] in STOP:
+                break
+    return tokens[len(prompt):]
+
+
+def test_structured_outputs_hold_in_every_kind_of_window(outputs):
+    """Structured outputs on V2 (``v2/grammar_stage.py``): a plain request's text matches its regular
+    expression (its first undecided slot drawn under the grammar, runs cut where the grammar rejects a
+    fill); a lossless and a per-request AR request give AR's tokens under the grammar, token for token
+    (xgrammar's own matcher here); a request without one beside them gives the reference's tokens."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm, prompt = outputs["llm"], outputs["prompts"][0]
+    tokenizer = llm.get_tokenizer()
+    regex = r"The answer is (1[0-9]|2[0-9])\."
+    kinds = {"plain": None, "lossless": {"wedlm_lossless": True}, "ar": {"wedlm_decoding": "ar"}}
+    params = [SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=STOP, extra_args=extra,
+                             structured_outputs=StructuredOutputsParams(regex=regex)) for extra in kinds.values()]
+    params.append(SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=STOP))
+    results = llm.generate([{"prompt_token_ids": prompt}] * 4, params, use_tqdm=False)
+    got = dict(zip([*kinds, "free"], (list(r.outputs[0].token_ids) for r in results), strict=True))
+    assert re.fullmatch(regex, tokenizer.decode([t for t in got["plain"] if t not in STOP])), got["plain"]
+    expected = grammar_ar(load_transformers_model(MICRO_CHECKPOINT), tokenizer, prompt, regex, 24)
+    assert re.fullmatch(regex, tokenizer.decode([t for t in expected if t not in STOP]))
+    assert got["lossless"] == expected and got["ar"] == expected
+    assert got["free"] == list(outputs["results"][0].outputs[0].token_ids)

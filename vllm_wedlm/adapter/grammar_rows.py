@@ -254,6 +254,10 @@ class WindowGrammars:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._grammars
 
+    def held(self) -> list[str]:
+        """The requests whose matchers are held."""
+        return list(self._grammars)
+
     def masks(self, req_ids: list[str]) -> torch.Tensor:
         """[n, words] int32: the mask of the next token of each request (everything while it reasons
         and once its grammar has terminated, as vLLM fills it)."""

@@ -13,8 +13,8 @@ vLLM 0.34's V2 classes, so they are imported only where vLLM 0.34 is installed:
   marked ``is_diffusion``: no bonus token, a canvas of placeholders for every window, and a request
   that draws from AR rows kept one token short (its next token is its canvas's first row);
 * ``context_edits.py``: penalties and bad words on the canvas rows, each row over the tokens before it;
-* ``request_validator.py``: the front end's per-request checks (WeDLM keys; structured outputs refused
-  until built);
+* ``grammar_stage.py``: structured outputs, the V1 binding's per-request matchers placed on canvas rows;
+* ``request_validator.py``: the front end's per-request checks (WeDLM keys);
 * ``model.py`` / ``registration.py``: the model class that names the state, and what the plugin
   registers with vLLM 0.34.
 
@@ -22,6 +22,7 @@ A window's forward is a canvas of a fixed 2 W rows (``canvas_width``): its commi
 W, then W undecided slots, then padding rows, which causal attention keeps from the others.
 It runs plain WeDLM, lossless and per-request AR (a lossless window of one row), at a fixed W, under
 synchronous scheduling, with each request's sampling settings (seeds included), its logit edits
-(allowed ids, logit bias, min_tokens), penalties, bad words, thinking budget and log-probs (the log-prob stage of
+(allowed ids, logit bias, min_tokens), penalties, bad words, thinking budget, structured outputs,
+log-probs and prompt log-probs (the log-prob stage of
 ``adapter/token_logprobs.py``, which the V1 binding uses too).
 """

@@ -34,11 +34,13 @@ from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.states import RequestState
 
+from vllm_wedlm.adapter.grammar_rows import WindowGrammars
 from vllm_wedlm.adapter.protocol import RequestKind, RequestRecord, classify
 from vllm_wedlm.adapter.step_index import StepIndex
 from vllm_wedlm.adapter.token_logprobs import TokenLogprobs
 from vllm_wedlm.config import WeDLMSettings
 from vllm_wedlm.core.batch import plan_windows
+from vllm_wedlm.v2.grammar_stage import CanvasGrammars
 from vllm_wedlm.v2.sampler import WeDLMSampler
 from vllm_wedlm.v2.scheduler import draws_from_ar_rows
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
@@ -71,6 +73,7 @@ class WeDLMModelState(DefaultModelState):
         self.token_logprobs: TokenLogprobs | None = None  # the log-prob stage, made with the sampler
         self.kept_rings: OrderedDict[str, LogprobsTensors] = OrderedDict()  # removed requests' rings
         self.generators: OrderedDict[str, torch.Generator] = OrderedDict()  # seeded requests' streams
+        self.grammars = WindowGrammars(vllm_config)  # structured-output requests' matchers, by request id
 
     def add_request(self, req_index: int, new_req_data: NewRequestData) -> None:
         super().add_request(req_index, new_req_data)
@@ -82,6 +85,8 @@ class WeDLMModelState(DefaultModelState):
         # Its kind, knobs and per-row asks, read once (the V1 binding's ``classify``).
         record = self.records[new_req_data.req_id] = classify(new_req_data.sampling_params, self.settings)
         tokens = new_req_data.prefill_token_ids
+        if record.grammar and new_req_data.req_id not in self.grammars:  # (a resumed one keeps its own)
+            self.grammars.add(new_req_data.req_id, new_req_data.sampling_params, new_req_data.prompt_token_ids or [])
         if draws_from_ar_rows(record):
             # Its last token stays unforwarded, its window's slot 0 (``scheduler.py``): a per-request
             # AR request is a lossless window of one row.
@@ -118,6 +123,9 @@ class WeDLMModelState(DefaultModelState):
                 while len(self.kept_rings) > self.max_num_reqs:
                     self.kept_rings.popitem(last=False)
         self.table.remove(req_id)
+        if req_id in self.grammars:  # kept as its window is, while it may come back after a preemption
+            for gone in [r for r in self.grammars.held() if r not in self.table.slot_of and r not in self.table.kept]:
+                self.grammars.forget(gone)
         if req_id in self.generators:  # finished ones' dropped oldest first, as kept windows are
             self.generators.move_to_end(req_id)
             while len(self.generators) > 2 * self.max_num_reqs:
@@ -187,7 +195,8 @@ class WeDLMModelState(DefaultModelState):
         refuse_custom_processors(sampler.logits_processors)
         self.token_logprobs = TokenLogprobs(self.model_config.max_logprobs, self.table,
                                             self.model_config.get_vocab_size())
-        return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs, self.generators), None
+        return WeDLMSampler(sampler, self.table, lambda: self.step, self.token_logprobs, self.generators,
+                            CanvasGrammars(self.grammars, self.table)), None
 
 
 def refuse_custom_processors(processors: list) -> None:

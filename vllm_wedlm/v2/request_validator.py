@@ -4,10 +4,8 @@ vLLM 0.34 calls ``validate_params`` of each configured V2 logits processor befor
 the engine; a ``ValueError`` there fails that request alone (a 400 for the OpenAI server), and the
 engine keeps serving the others. This processor changes no logits (``add_request`` declines every
 request, and the WeDLM sampler draws on its own). It checks what the V1 binding's validator checks
-(``adapter/request_checks.py``: the WeDLM keys of ``extra_args``, whole-vocabulary log-probs) and
-refuses by name what the V2 binding does not serve yet, where the engine would otherwise run it
-wrong: structured outputs (vLLM's runner would apply the grammar's bitmask to canvas rows as if
-they were draft tokens).
+(``adapter/request_checks.py``: the WeDLM keys of ``extra_args``, whole-vocabulary log-probs); what
+the V2 binding cannot serve at all is refused where the engine starts (``model_state.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +23,6 @@ class WeDLMRequestValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         check_request(sampling_params)
-        if sampling_params.structured_outputs is not None:
-            raise ValueError("Not supported yet with WeDLM decoding on vLLM 0.34 (Model Runner V2): structured "
-                             "outputs (a JSON schema, json_object, regex, choice, grammar, or a required or named "
-                             "tool call); send it to a server started with --decoding ar, or use vLLM 0.26")
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
         return False  # no logits of any request are changed here

@@ -32,17 +32,19 @@ from vllm_wedlm.core.logit_edits import edit_logits
 from vllm_wedlm.core.sampling import SamplingBatch, sample
 from vllm_wedlm.core.selection import row_entropy
 from vllm_wedlm.v2.context_edits import apply_context_edits
+from vllm_wedlm.v2.grammar_stage import CanvasGrammars
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable, canvas_width
 
 
 class WeDLMSampler:
     def __init__(self, base: Any, table: WindowTable, current_step: Callable[[], WindowStep | None],
-                 token_logprobs: TokenLogprobs, generators: dict[str, torch.Generator]):
+                 token_logprobs: TokenLogprobs, generators: dict[str, torch.Generator], grammars: CanvasGrammars):
         self.base = base  # vLLM's Sampler: per-request sampling state, penalties, log-prob ids
         self.table = table  # each slot's window and knobs
         self.current_step = current_step  # the model state's plan of this step's windows
         self.token_logprobs = token_logprobs  # the log-prob stage (both bindings')
         self.generators = generators  # seeded requests' own streams, by request id
+        self.grammars = grammars  # the grammar stage (structured outputs)
         self.req_states = base.req_states
         self.penalties_state = base.penalties_state  # post_update counts the committed tokens in it
 
@@ -61,10 +63,17 @@ class WeDLMSampler:
         if step is not None:
             raw_logits = logits  # [N, V]: what log-probs read (vLLM's default); the edits' are a copy
             logits = self._thinking_budget(self._edited(logits, step), raw_logits, step)
+            fill_first = None
+            if any(record.grammar for record in step.records):
+                if logits is raw_logits:  # log-probs read the raw rows
+                    logits = logits.to(torch.float32, copy=True)
+                fill_first = self.grammars.mask_rows(logits, step)
             row_draws = sample(logits, self._sampling(step), self.table.mask_id)  # [N]: each row's draw
             if step.index is not None:  # before the windows move on: where each plain fill may go
                 self._fill_rings(raw_logits, row_draws, step)
-            tokens, count = self._finish_windows(logits, row_draws, step)
+            tokens, count = self._finish_windows(logits, row_draws, step, fill_first)
+            if fill_first is not None:
+                self.grammars.follow(step, tokens, count)
             sampled[step.batch_index] = tokens
             num_sampled[step.batch_index] = count.to(torch.int32)
         num_sampled, num_rejected = get_num_sampled_and_rejected(
@@ -181,8 +190,8 @@ class WeDLMSampler:
         cu = torch.cat([num_sampled.new_zeros(1), num_sampled.cumsum(0)])
         return LogprobsTensors(*(part[kept] for part in entries[:3]), cu_num_generated_tokens_tensor=cu)
 
-    def _finish_windows(self, logits: torch.Tensor, row_draws: torch.Tensor,
-                        step: WindowStep) -> tuple[torch.Tensor, torch.Tensor]:
+    def _finish_windows(self, logits: torch.Tensor, row_draws: torch.Tensor, step: WindowStep,
+                        fill_first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify the lossless windows' runs, fill the chosen masks of the step's windows from their
         own rows' draws (``row_draws`` [N]), drop the committed runs, and keep the next windows in
         the table. Returns what each window reports now ([B, C] tokens, [B] how many): a plain
@@ -206,7 +215,7 @@ class WeDLMSampler:
                                                 self.table.window_size_of[step.slots], mask_id)
         tau, lam = self.table.entropy_threshold[step.slots], self.table.pos_penalty[step.slots]  # [B] each
         windows = fill_masks(plan.windows, num_commit, slots_of_rows(entropy, plan.order, first_row), drawn,
-                             tau, lam, mask_id, verified)
+                             tau, lam, mask_id, verified, fill_first)
         self.table.windows.store(step.slots, windows)
         if verified is None:
             return plan.windows.tokens, num_commit  # the committed runs lead

@@ -84,6 +84,12 @@ class WeDLMScheduler(DiffusionScheduler):
                 output.scheduled_spec_decode_tokens[req_id] = [-1] * rows
         return output
 
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        # No bitmask: vLLM's runner would lay it over canvas rows as if they were drafts. The worker's
+        # grammar stage masks the rows (v2/grammar_stage.py); vLLM's matcher here still follows the
+        # tokens reported (update_from_output), which that stage keeps valid.
+        return None
+
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
         self._prompt_logprobs.hold(model_runner_output, self.requests)
