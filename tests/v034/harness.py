@@ -88,17 +88,20 @@ class Trace:
 
     steps: int = 0
     preemptions: int = 0
+    preempted: set[str] = field(default_factory=set)  # the requests preempted at least once
     # Request id -> tokens each of its window forwards committed, in order (the first commits none).
     runs: dict[str, list[int]] = field(default_factory=dict)
 
 
 def vllm_config(checkpoint: Path, window_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                max_model_len: int, block_size: int, reasoning: ReasoningConfig | None = None) -> VllmConfig:
+                max_model_len: int, block_size: int, reasoning: ReasoningConfig | None = None,
+                tokenizer: bool = False) -> VllmConfig:
     """A synchronous V2 engine's config for a WeDLM checkpoint: a canvas of 2 W, the WeDLM scheduler;
-    ``reasoning``: its markers' token ids set (the harness has no tokenizer to find them)."""
+    ``reasoning``: its markers' token ids set (the harness has no tokenizer to find them);
+    ``tokenizer``: load the checkpoint's tokenizer (structured outputs compile grammars with it)."""
     register()
     model = ModelConfig(model=str(checkpoint), dtype="float32", seed=0, max_model_len=max_model_len,
-                        skip_tokenizer_init=True)
+                        skip_tokenizer_init=not tokenizer)
     scheduler = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 max_model_len=max_model_len, enable_chunked_prefill=True, async_scheduling=False,
                                 scheduler_cls=WeDLMScheduler, is_encoder_decoder=False)
@@ -111,9 +114,9 @@ def vllm_config(checkpoint: Path, window_size: int, max_num_seqs: int, max_num_b
 class StepHarness:
     def __init__(self, checkpoint: Path, window_size: int = 16, max_num_seqs: int = 4,
                  max_num_batched_tokens: int = 512, max_model_len: int = 512, block_size: int = 16,
-                 num_blocks: int = 256, reasoning: ReasoningConfig | None = None):
+                 num_blocks: int = 256, reasoning: ReasoningConfig | None = None, tokenizer: bool = False):
         self.config = vllm_config(checkpoint, window_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                                  block_size, reasoning)
+                                  block_size, reasoning, tokenizer)
         self.canvas = canvas_width(window_size)
         kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
@@ -137,7 +140,10 @@ class StepHarness:
         self.trace = Trace()
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> None:
-        self.scheduler.add_request(Request(req_id, prompt, params, None))
+        request = Request(req_id, prompt, params, None)
+        if request.use_structured_output:  # the engine core compiles its grammar as it adds it
+            self.scheduler.structured_output_manager.grammar_init(request)
+        self.scheduler.add_request(request)
         self.outputs[req_id] = []
 
     def run(self, max_steps: int = 10_000) -> dict[str, Finished]:
@@ -150,6 +156,7 @@ class StepHarness:
         scheduler_output = self.scheduler.schedule()
         self.trace.steps += 1
         self.trace.preemptions += len(scheduler_output.preempted_req_ids or ())
+        self.trace.preempted |= set(scheduler_output.preempted_req_ids or ())
         self._update_requests(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             runner_output = ModelRunnerOutput(req_ids=[])
