@@ -5,14 +5,8 @@ through Triton's interpreter on CPU tensors: TRITON_INTERPRET=1; CUDA_VISIBLE_DE
 vLLM's Triton import on (``vllm/triton_utils/importing.py``); VLLM_TARGET_DEVICE=cpu picks the CPU
 platform, and ``vllm.v1.worker.cpu.shm`` applies vLLM's own patches of the V2 buffers for CPUs.
 VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps an engine's core in this process, where cpu_engine.py
-installs what vLLM's missing CPU extension would provide. Set before vLLM or Triton is imported
-(tests/conftest.py sets them first, before its imports reach Triton; here for a run of this folder
-alone from another root).
+installs what vLLM's missing CPU extension would provide. They must be set before vLLM or Triton
+is imported, so tests/conftest.py (which pytest loads first) sets them, before its own imports.
 """
 
-import os
-
-os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu",
-                  VLLM_ENABLE_V1_MULTIPROCESSING="0")
-
-import vllm.v1.worker.cpu.shm  # noqa: E402,F401
+import vllm.v1.worker.cpu.shm  # noqa: F401

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from vllm_wedlm.adapter.grammar_rows import WindowGrammars, apply_masks
-from vllm_wedlm.core.batch import leading_filled
+from vllm_wedlm.core.batch import leading_filled, reopen
 from vllm_wedlm.v2.window_table import WindowStep, WindowTable
 
 
@@ -86,13 +86,13 @@ class CanvasGrammars:
         plain = np.flatnonzero(under & ~step.lossless_host)
         if len(plain):
             slots = step.slots[torch.from_numpy(plain).to(device, non_blocking=True)]
-            runs = self._leading_runs(self.table.windows.rows(slots), np.arange(len(plain)), device)
-            for k, (b, run) in enumerate(zip(plain, runs, strict=True)):
-                kept = self.grammars.accepted(step.req_ids[b], run)
-                if kept < len(run):  # the rejected fill is undecided again; the fills after it stay
-                    slot = slots[k]
-                    self.table.windows.tokens[slot, kept] = self.table.mask_id
-                    self.table.windows.filled[slot, kept] = False
+            windows = self.table.windows.rows(slots)
+            runs = self._leading_runs(windows, np.arange(len(plain)), device)
+            # Each run's first fill the grammar rejects (the capacity: none), undecided again.
+            kept = [self.grammars.accepted(step.req_ids[b], run) for b, run in zip(plain, runs, strict=True)]
+            at = [k if k < len(run) else windows.capacity for k, run in zip(kept, runs, strict=True)]
+            if min(at) < windows.capacity:
+                self.table.windows.store(slots, reopen(windows, torch.tensor(at, device=device), self.table.mask_id))
 
     @staticmethod
     def _leading_runs(windows, picked: np.ndarray, device: torch.device) -> list[list[int]]:

@@ -65,8 +65,7 @@ class WeDLMSampler:
             logits = self._thinking_budget(self._edited(logits, step), raw_logits, step)
             fill_first = None
             if any(record.grammar for record in step.records):
-                if logits is raw_logits:  # log-probs read the raw rows
-                    logits = logits.to(torch.float32, copy=True)
+                logits = own_copy(logits, raw_logits)
                 fill_first = self.grammars.mask_rows(logits, step)
             row_draws = sample(logits, self._sampling(step), self.table.mask_id)  # [N]: each row's draw
             if step.index is not None:  # before the windows move on: where each plain fill may go
@@ -119,8 +118,7 @@ class WeDLMSampler:
         if not len(budgeted):
             return logits
         assert (step.widths[budgeted] == 1).all(), "a request with a thinking budget is decoded AR"
-        if logits is raw_logits:  # log-probs read the raw rows
-            logits = logits.to(torch.float32, copy=True)
+        logits = own_copy(logits, raw_logits)
         device = logits.device
         windows = torch.from_numpy(budgeted).to(device, non_blocking=True)
         rows = torch.from_numpy(np.cumsum(step.widths)[budgeted] - 1).to(device, non_blocking=True)  # [b]: their rows
@@ -221,3 +219,9 @@ class WeDLMSampler:
             return plan.windows.tokens, num_commit  # the committed runs lead
         reported = torch.where(step.lossless[:, None], verified.tokens.roll(-1, dims=1), plan.windows.tokens)
         return reported, num_commit
+
+
+def own_copy(logits: torch.Tensor, raw_logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` to edit in place: a float32 copy (vLLM's sampler edits float32 logits) where they are
+    still the forward's raw rows, which log-probs read; else as they are (an earlier stage's copy)."""
+    return logits.to(torch.float32, copy=True) if logits is raw_logits else logits
